@@ -1,0 +1,194 @@
+//! The `nodefabric` command line: argument parsing and the thin glue that
+//! calls the library. Kept in the library so tests and examples can drive the
+//! exact parser the binary uses.
+
+use crate::labels::DEFAULT_NAMESPACE;
+use crate::pass::{self, Pass};
+use crate::{nfd, preflight, publish};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::{error, info};
+
+/// Discovers a node's RDMA and accelerator fabric from sysfs and publishes it
+/// for Kubernetes: NFD labels, CDI specs, a rail record.
+///
+/// Every command reads the same pass over the sysfs tree, so `preflight`
+/// shows exactly what `publish` would write.
+#[derive(Debug, Parser)]
+#[command(name = "nodefabric", version, propagate_version = true)]
+pub struct Cli {
+    /// The sysfs tree to read: the live /sys, or a captured copy of one.
+    #[arg(long, global = true, default_value = "/sys", env = "NODEFABRIC_SYSFS_ROOT", value_name = "DIR")]
+    pub sysfs_root: PathBuf,
+
+    /// Label key namespace (the part before `/`). nfd-master must allow it:
+    /// see nfd-hooks/README.md.
+    #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS")]
+    pub label_namespace: String,
+
+    /// Log filter for stderr: error, warn, info, debug or trace.
+    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the node record as JSON (`.spec.interfaces[]`, `.spec.groups[]`).
+    Inventory(StateArgs),
+    /// Print the NFD feature-file label lines (what `publish` writes).
+    Features(StateArgs),
+    /// Print a table of every RDMA endpoint and the labels that would be
+    /// published. Exit 0 when the node would carry rdma.capable, 1 when not,
+    /// 2 on an error.
+    Preflight(StateArgs),
+    /// Write the feature file atomically, once or every --interval.
+    Publish(PublishArgs),
+}
+
+/// Where the previous record lives (for stable `firstSeen` times).
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// Folder holding the last published record; read only by this command.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Options of `publish`.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// NFD's features.d folder; the file written there is `nodefabric`.
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/node-feature-discovery/features.d")]
+    pub features_dir: PathBuf,
+
+    /// Folder for the last published record (keeps `firstSeen` stable).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/nodefabric")]
+    pub state_dir: PathBuf,
+
+    /// Publish again every DURATION (e.g. 60s) instead of once.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub interval: Option<Duration>,
+
+    /// Label lifetime written as NFD's expiry-time directive, so labels lapse
+    /// if the publisher dies. Default: 3 × --interval; none for a one-shot run.
+    /// 0s disables it.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub expiry: Option<Duration>,
+}
+
+impl PublishArgs {
+    /// The expiry lifetime in force, from --expiry or the --interval default.
+    pub fn ttl(&self) -> Option<Duration> {
+        match (self.expiry, self.interval) {
+            (Some(d), _) if d.is_zero() => None,
+            (Some(d), _) => Some(d),
+            (None, Some(i)) => Some(i * 3),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Parses `std::env::args` and runs; the binary's whole `main`.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(cli.log_level)
+        .with_target(false)
+        .init();
+    run(&cli)
+}
+
+/// Runs a parsed command line and maps the outcome to an exit status.
+pub fn run(cli: &Cli) -> ExitCode {
+    let preflight = matches!(cli.command, Command::Preflight(_));
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("nodefabric: error: {e:#}");
+            ExitCode::from(if preflight { 2 } else { 1 })
+        }
+    }
+}
+
+fn one_pass(cli: &Cli, state_dir: Option<&Path>) -> Result<Pass> {
+    let now = pass::now()?;
+    pass::run(&cli.sysfs_root, state_dir, now)
+        .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
+}
+
+fn execute(cli: &Cli) -> Result<ExitCode> {
+    let ns = &cli.label_namespace;
+    match &cli.command {
+        Command::Inventory(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref())?;
+            println!("{}", serde_json::to_string_pretty(&pass.record)?);
+        }
+        Command::Features(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref())?;
+            print!("{}", nfd::label_lines(&pass.labels, ns));
+        }
+        Command::Preflight(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref())?;
+            print!("{}", preflight::report(&pass, ns));
+            let capable = pass.labels.values.contains_key("rdma.capable");
+            return Ok(ExitCode::from(if capable { 0 } else { 1 }));
+        }
+        Command::Publish(p) => return publish_loop(cli, p),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
+    let Some(interval) = args.interval else {
+        publish_once(cli, args)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    loop {
+        // A failed pass keeps everything previously published; the sidecar
+        // carries on and tries again next interval.
+        if let Err(e) = publish_once(cli, args) {
+            error!("publish pass failed, previous output kept: {e:#}");
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// One publish pass: discover, then write each artifact only if it changed.
+pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
+    let now = pass::now()?;
+    let state_dir = args.state_dir.as_path();
+    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now)
+        .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
+
+    let ttl = args.ttl();
+    let text = nfd::render(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t));
+    if text.len() > nfd::MAX_FEATURE_FILE {
+        bail!(
+            "feature file would be {} bytes, over NFD's {}-byte limit (NFD would ignore it); previous file kept",
+            text.len(),
+            nfd::MAX_FEATURE_FILE
+        );
+    }
+    let dir = &args.features_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let existing = std::fs::read_to_string(dir.join(nfd::FEATURE_FILE)).ok();
+    if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
+        let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
+        info!("wrote {}", path.display());
+    }
+
+    std::fs::create_dir_all(state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    let mut json = serde_json::to_string_pretty(&pass.record)?;
+    json.push('\n');
+    publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! Accelerators, found on the PCI bus by vendor and class.
+//!
+//! Vendor IDs checked against `pci.ids` from Debian 12's `hwdata`
+//! (version 2023.04.10): 10de NVIDIA, 1002 AMD/ATI, 1da3 Habana Labs (Intel
+//! Gaudi), 19e5 Huawei, 1e36 Enflame, 1ed5 Moore Threads. Three vendors are not
+//! in that list and come from their own Linux drivers' ID tables: cabc
+//! Cambricon, 1e3e Iluvatar CoreX, 9999 MetaX.
+
+use super::{device_topology, numa_of};
+use crate::record::{Accelerator, AcceleratorGroup};
+use crate::sysfs::{basename, join, SysError, SysRoot};
+use std::collections::BTreeMap;
+use tracing::{debug, warn};
+
+/// PCI vendor ID → manufacturer key used in the record and labels.
+pub const VENDORS: &[(u16, &str)] = &[
+    (0x10de, "nvidia"),
+    (0x1002, "amd"),
+    (0x1da3, "gaudi"),
+    (0x19e5, "ascend"),
+    (0xcabc, "cambricon"),
+    (0x1e36, "enflame"),
+    (0x1e3e, "iluvatar"),
+    (0x9999, "metax"),
+    (0x1ed5, "mthreads"),
+];
+
+/// True for the PCI classes an accelerator presents: display controllers
+/// (0x03xx: VGA, 3D, other) and processing accelerators (0x12xx). This keeps
+/// out the same vendors' audio functions, NICs (Huawei) and NVSwitch bridges.
+fn is_accelerator_class(class: u32) -> bool {
+    matches!(class >> 16, 0x03 | 0x12)
+}
+
+fn parse_hex(s: &str) -> Option<u32> {
+    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Scans `bus/pci/devices`. A tree without a PCI bus has no accelerators; a
+/// bus folder that exists but cannot be listed is an enumeration failure.
+pub fn accelerators(root: &SysRoot) -> Result<Vec<AcceleratorGroup>, SysError> {
+    let entries = match root.list("bus/pci/devices") {
+        Ok(e) => e,
+        Err(e) if e.is_not_found() => {
+            debug!("no bus/pci/devices: no PCI bus, no accelerators");
+            return Ok(vec![]);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut by_vendor: BTreeMap<&'static str, Vec<Accelerator>> = BTreeMap::new();
+    for entry in entries {
+        let dev = match root.resolve(&format!("bus/pci/devices/{entry}")) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("skipping PCI device {entry}: {e}");
+                continue;
+            }
+        };
+        let vendor = root.read_trimmed(&join(&dev, "vendor")).ok().and_then(|v| parse_hex(&v));
+        let class = root.read_trimmed(&join(&dev, "class")).ok().and_then(|v| parse_hex(&v));
+        let (Some(vendor), Some(class)) = (vendor, class) else { continue };
+        let Some(&(_, maker)) = VENDORS.iter().find(|(id, _)| u32::from(*id) == vendor) else { continue };
+        if !is_accelerator_class(class) {
+            continue;
+        }
+        let device_id = root.read_trimmed(&join(&dev, "device")).ok().and_then(|v| parse_hex(&v)).unwrap_or(0);
+        by_vendor.entry(maker).or_default().push(Accelerator {
+            id: String::new(),
+            manufacturer: maker.to_string(),
+            pci_id: format!("{vendor:04x}:{device_id:04x}"),
+            pci_bus_id: basename(&dev).to_string(),
+            numa: numa_of(root, &dev),
+            topology: device_topology(&dev).unwrap_or_default(),
+        });
+    }
+    Ok(by_vendor
+        .into_iter()
+        .map(|(maker, mut accs)| {
+            accs.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
+            for (i, a) in accs.iter_mut().enumerate() {
+                a.id = i.to_string();
+            }
+            AcceleratorGroup {
+                manufacturer: maker.to_string(),
+                accelerators: accs,
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert!(is_accelerator_class(0x030200));
+        assert!(is_accelerator_class(0x120000));
+        assert!(!is_accelerator_class(0x040300));
+        assert!(!is_accelerator_class(0x068000));
+        assert!(!is_accelerator_class(0x020000));
+    }
+}

@@ -1,0 +1,77 @@
+//! Discovery: the only part of the program that reads the host. It turns a
+//! sysfs tree (and the previous record, for `firstSeen`) into a [`NodeRecord`].
+
+pub mod accel;
+pub mod net;
+pub mod rdma;
+
+use crate::pci;
+use crate::record::{LinkState, NodeRecord, Spec, Topology, RECORD_VERSION};
+use crate::sysfs::{join, SysError, SysRoot};
+use std::collections::HashMap;
+
+/// Discovery could not enumerate the node: nothing may be published from it.
+#[derive(Debug, thiserror::Error)]
+#[error("enumeration failed: {0}")]
+pub struct DiscoverError(#[from] pub SysError);
+
+/// Reads the whole node record from `root`.
+///
+/// `previous` is the last record published (for `firstSeen`); `now` is the
+/// RFC 3339 time stamped on failures first seen in this pass.
+pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Result<NodeRecord, DiscoverError> {
+    let interfaces = net::interfaces(root)?;
+    let groups = accel::accelerators(root)?;
+    let mut record = NodeRecord {
+        version: RECORD_VERSION,
+        spec: Spec { interfaces, groups },
+    };
+    stamp_first_seen(&mut record, previous, now);
+    Ok(record)
+}
+
+/// The NUMA node of a device folder; `-1`, blank or unreadable is `None`.
+pub(crate) fn numa_of(root: &SysRoot, device: &str) -> Option<u32> {
+    let raw = root.read_trimmed(&join(device, "numa_node")).ok()?;
+    let n: i64 = raw.parse().ok()?;
+    u32::try_from(n).ok()
+}
+
+/// The PCI coordinates of a device from its canonical path (the one walk).
+pub(crate) fn device_topology(device: &str) -> Option<Topology> {
+    let bridges = pci::upstream_bridges(device)?;
+    Some(Topology {
+        pci_root_id: bridges.last().cloned(),
+        pci_switches: bridges,
+    })
+}
+
+/// Gives every `Failed` verdict a `firstSeen`: the previous record's when the
+/// same endpoint was already failing, else `now`. Keyed by RDMA device and PCI
+/// address, so an unchanged failure stamps the same time on every pass.
+fn stamp_first_seen(record: &mut NodeRecord, previous: Option<&NodeRecord>, now: &str) {
+    let mut seen: HashMap<(Option<String>, Option<String>), String> = HashMap::new();
+    if let Some(prev) = previous {
+        for (ep, _) in prev.endpoints() {
+            if let Some(link) = &ep.link {
+                if let (LinkState::Failed, Some(t)) = (link.state, &link.first_seen) {
+                    seen.insert((ep.rdma_device.clone(), ep.pci_bus_id.clone()), t.clone());
+                }
+            }
+        }
+    }
+    let stamp = |iface: &mut crate::record::Interface| {
+        let key = (iface.rdma_device.clone(), iface.pci_bus_id.clone());
+        if let Some(link) = iface.link.as_mut() {
+            if link.state == LinkState::Failed {
+                link.first_seen = Some(seen.get(&key).cloned().unwrap_or_else(|| now.to_string()));
+            }
+        }
+    };
+    for iface in &mut record.spec.interfaces {
+        stamp(iface);
+        for vf in &mut iface.virtual_functions {
+            stamp(vf);
+        }
+    }
+}

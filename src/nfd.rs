@@ -1,0 +1,102 @@
+//! The NFD feature file: its text format and the rule for when to rewrite it.
+//!
+//! nfd-worker reads every file in `features.d/`; each line is `key=value`,
+//! `#` starts a comment, and the comment `# +expiry-time=<RFC 3339>` is a
+//! directive after which labels lapse unless the file is renewed.
+
+use crate::labels::LabelSet;
+use std::time::{Duration, SystemTime};
+
+/// NFD ignores a feature file larger than this, so we refuse to write one.
+pub const MAX_FEATURE_FILE: usize = 64 * 1024;
+
+/// The file name this tool owns inside `features.d/`.
+pub const FEATURE_FILE: &str = "nodefabric";
+
+const HEADER: &str = "# Written by nodefabric; rewritten on every change, do not edit.\n";
+const EXPIRY: &str = "# +expiry-time=";
+
+/// The label lines, `namespace/key=value`, one per line, sorted by key.
+pub fn label_lines(labels: &LabelSet, namespace: &str) -> String {
+    labels
+        .values
+        .iter()
+        .map(|(k, v)| format!("{namespace}/{k}={v}\n"))
+        .collect()
+}
+
+/// The whole file: header, optional expiry directive, label lines.
+pub fn render(labels: &LabelSet, namespace: &str, expiry: Option<SystemTime>) -> String {
+    let mut out = String::from(HEADER);
+    if let Some(t) = expiry {
+        out.push_str(EXPIRY);
+        out.push_str(&humantime::format_rfc3339_seconds(t).to_string());
+        out.push('\n');
+    }
+    out.push_str(&label_lines(labels, namespace));
+    out
+}
+
+/// Splits an existing file into its expiry time (if any) and its other lines,
+/// so two files can be compared without the time stamp.
+fn parse_existing(text: &str) -> (Option<SystemTime>, String) {
+    let mut expiry = None;
+    let mut body = String::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix(EXPIRY) {
+            expiry = humantime::parse_rfc3339(t.trim()).ok();
+        } else {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    (expiry, body)
+}
+
+/// Decides whether a new file must replace the existing one: when the labels
+/// differ, when expiry was added or removed, or when the old expiry has less
+/// than half its lifetime left (so the labels never lapse while we run).
+pub fn needs_rewrite(existing: Option<&str>, new: &str, now: SystemTime, ttl: Option<Duration>) -> bool {
+    let Some(existing) = existing else { return true };
+    let (old_expiry, old_body) = parse_existing(existing);
+    let (_, new_body) = parse_existing(new);
+    if old_body != new_body {
+        return true;
+    }
+    match (old_expiry, ttl) {
+        (None, None) => false,
+        (Some(_), None) | (None, Some(_)) => true,
+        (Some(old), Some(ttl)) => old.duration_since(now).map_or(true, |left| left < ttl / 2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pairs: &[(&str, &str)]) -> LabelSet {
+        LabelSet {
+            values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            withheld: vec![],
+        }
+    }
+
+    #[test]
+    fn renewal_only_when_due() {
+        let now = humantime::parse_rfc3339("2026-01-01T00:00:00Z").unwrap();
+        let ttl = Duration::from_secs(180);
+        let l = set(&[("rdma.capable", "true")]);
+        let old = render(&l, "ns", Some(now + ttl));
+        // a pass 30 s later: same labels, plenty of time left → no rewrite
+        let later = now + Duration::from_secs(30);
+        assert!(!needs_rewrite(Some(&old), &render(&l, "ns", Some(later + ttl)), later, Some(ttl)));
+        // 100 s later: under half the lifetime left → renew
+        let late = now + Duration::from_secs(100);
+        assert!(needs_rewrite(Some(&old), &render(&l, "ns", Some(late + ttl)), late, Some(ttl)));
+        // a label change always rewrites
+        let l2 = set(&[]);
+        assert!(needs_rewrite(Some(&old), &render(&l2, "ns", Some(later + ttl)), later, Some(ttl)));
+        // no expiry either side, same labels → nothing to do
+        assert!(!needs_rewrite(Some(&render(&l, "ns", None)), &render(&l, "ns", None), now, None));
+    }
+}

@@ -1,0 +1,42 @@
+//! One discovery pass and everything derived from it, shared by every
+//! subcommand so `features`, `preflight` and `publish` read the host the same way.
+
+use crate::discover::{self, DiscoverError};
+use crate::labels::{self, LabelSet};
+use crate::publish;
+use crate::record::NodeRecord;
+use crate::sysfs::SysRoot;
+use std::path::Path;
+use std::time::SystemTime;
+
+/// The environment variable that pins "now" (RFC 3339), so replays of a
+/// captured tree and tests produce byte-identical output.
+pub const NOW_ENV: &str = "NODEFABRIC_NOW";
+
+/// The result of one pass: the record and the labels reduced from it.
+#[derive(Debug, Clone)]
+pub struct Pass {
+    /// The node record.
+    pub record: NodeRecord,
+    /// The labels, without namespace.
+    pub labels: LabelSet,
+}
+
+/// The current time, or the one pinned by [`NOW_ENV`].
+pub fn now() -> anyhow::Result<SystemTime> {
+    match std::env::var(NOW_ENV) {
+        Ok(v) => humantime::parse_rfc3339(&v).map_err(|e| anyhow::anyhow!("{NOW_ENV}={v:?}: {e}")),
+        Err(_) => Ok(SystemTime::now()),
+    }
+}
+
+/// Runs discovery on `sysfs_root`, merging `firstSeen` from the record in
+/// `state_dir`, and reduces it to labels.
+pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime) -> Result<Pass, DiscoverError> {
+    let root = SysRoot::new(sysfs_root)?;
+    let previous = publish::load_previous(state_dir);
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let record = discover::discover(&root, previous.as_ref(), &stamp)?;
+    let labels = labels::rdma_labels(&record);
+    Ok(Pass { record, labels })
+}

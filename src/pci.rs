@@ -1,0 +1,231 @@
+//! PCI coordinates: addresses, the one upstream-bridge walk, and the bus
+//! distance between two devices.
+//!
+//! NICs and all accelerators derive their `pciRootId` / `pciSwitches` from
+//! [`upstream_bridges`], so the two sides compare equal by construction.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// True when `s` is a full PCI address `DDDD:BB:DD.F` (hex, any case).
+pub fn is_pci_address(s: &str) -> bool {
+    parse(s).is_some()
+}
+
+/// Splits a full PCI address into (domain, bus, device, function).
+pub fn parse(s: &str) -> Option<(u32, u8, u8, u8)> {
+    let (dom, rest) = s.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (dev, func) = rest.split_once('.')?;
+    if dom.is_empty() || dom.len() > 8 || bus.len() != 2 || dev.len() != 2 || func.len() != 1 {
+        return None;
+    }
+    let all_hex = |t: &str| t.chars().all(|c| c.is_ascii_hexdigit());
+    if !(all_hex(dom) && all_hex(bus) && all_hex(dev) && all_hex(func)) {
+        return None;
+    }
+    let dev_n = u8::from_str_radix(dev, 16).ok()?;
+    let func_n = u8::from_str_radix(func, 16).ok()?;
+    if dev_n > 0x1f || func_n > 7 {
+        return None;
+    }
+    Some((
+        u32::from_str_radix(dom, 16).ok()?,
+        u8::from_str_radix(bus, 16).ok()?,
+        dev_n,
+        func_n,
+    ))
+}
+
+/// Normalises a PCI address to the kernel's form: lowercase, 4-digit domain
+/// (`00000000:1B:00.0` as nvidia-smi prints it → `0000:1b:00.0`). `None` when
+/// the text is not a PCI address or the domain does not fit 16 bits.
+pub fn normalize(s: &str) -> Option<String> {
+    let (dom, bus, dev, func) = parse(s.trim())?;
+    if dom > 0xffff {
+        return None;
+    }
+    Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+}
+
+/// The upstream bridges of a device, innermost first, from its canonical
+/// sysfs path (`devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0`).
+///
+/// Every PCI-address component before the device's own is a bridge: that is
+/// how the kernel nests devices under the bridge whose secondary bus they sit
+/// on. Returns `None` when the path is not under a PCI host bridge.
+pub fn upstream_bridges(canonical: &str) -> Option<Vec<String>> {
+    let parts: Vec<&str> = canonical.split('/').collect();
+    let host = parts.iter().position(|p| p.starts_with("pci"))?;
+    let chain: Vec<&str> = parts[host + 1..]
+        .iter()
+        .copied()
+        .take_while(|p| is_pci_address(p))
+        .collect();
+    let (_device, bridges) = chain.split_last()?;
+    Some(bridges.iter().rev().map(|b| b.to_string()).collect())
+}
+
+/// The bus distance vocabulary, smaller is closer. The order of the variants
+/// is the order of closeness, so `min()` picks the closest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Distance {
+    /// The same device (never produced from bus coordinates).
+    #[serde(rename = "SELF")]
+    SelfDevice,
+    /// A direct link such as NVLink (never produced from bus coordinates).
+    Link,
+    /// Behind one PCIe switch.
+    Pix,
+    /// Behind several switches that share a bridge, no host bridge crossed.
+    Pxb,
+    /// Through one host bridge (never produced: indistinguishable from NODE).
+    Phb,
+    /// No shared bridge, same NUMA node.
+    Node,
+    /// Across NUMA nodes.
+    Sys,
+    /// A coordinate was missing.
+    Unk,
+}
+
+impl Distance {
+    /// The label spelling (`PIX`, `SYS` …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Distance::SelfDevice => "SELF",
+            Distance::Link => "LINK",
+            Distance::Pix => "PIX",
+            Distance::Pxb => "PXB",
+            Distance::Phb => "PHB",
+            Distance::Node => "NODE",
+            Distance::Sys => "SYS",
+            Distance::Unk => "UNK",
+        }
+    }
+}
+
+impl fmt::Display for Distance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The coordinates of one side of a distance question.
+#[derive(Debug, Clone, Copy)]
+pub struct Coordinates<'a> {
+    /// The device's own PCI address; `None` for a non-PCI device.
+    pub address: Option<&'a str>,
+    /// Upstream bridges, innermost first; `None` when the walk found none to read.
+    pub bridges: Option<&'a [String]>,
+    /// NUMA node; `None` when the kernel gave none.
+    pub numa: Option<u32>,
+}
+
+/// The distance between two devices, from bus coordinates only.
+///
+/// `PIX` when they are two functions of one card or every bridge between them
+/// belongs to one switch (each side hangs at most one port below the lowest
+/// shared bridge); `PXB` when the shared bridge is further up; with no shared
+/// bridge `NODE` on one NUMA node (PHB and NODE cannot be told apart, so the
+/// further is reported) and `SYS` across nodes; `UNK` when a needed
+/// coordinate is missing.
+pub fn distance(a: Coordinates<'_>, b: Coordinates<'_>) -> Distance {
+    let (Some(addr_a), Some(addr_b)) = (a.address, b.address) else {
+        return Distance::Unk;
+    };
+    let (Some(pa), Some(pb)) = (parse(addr_a), parse(addr_b)) else {
+        return Distance::Unk;
+    };
+    if (pa.0, pa.1, pa.2) == (pb.0, pb.1, pb.2) {
+        return Distance::Pix;
+    }
+    let (Some(ba), Some(bb)) = (a.bridges, b.bridges) else {
+        return Distance::Unk;
+    };
+    // Both lists are innermost first, so the shared part is a common suffix.
+    let shared = ba
+        .iter()
+        .rev()
+        .zip(bb.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    if shared > 0 {
+        let below_a = ba.len() - shared;
+        let below_b = bb.len() - shared;
+        return if below_a <= 1 && below_b <= 1 {
+            Distance::Pix
+        } else {
+            Distance::Pxb
+        };
+    }
+    match (a.numa, b.numa) {
+        (Some(x), Some(y)) if x == y => Distance::Node,
+        (Some(_), Some(_)) => Distance::Sys,
+        _ => Distance::Unk,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn c<'a>(addr: &'a str, br: &'a [String], numa: Option<u32>) -> Coordinates<'a> {
+        Coordinates {
+            address: Some(addr),
+            bridges: Some(br),
+            numa,
+        }
+    }
+
+    #[test]
+    fn normalises_nvidia_smi_addresses() {
+        assert_eq!(normalize("00000000:1B:00.0").as_deref(), Some("0000:1b:00.0"));
+        assert_eq!(normalize("0000:af:00.1").as_deref(), Some("0000:af:00.1"));
+        assert_eq!(normalize("1B:00.0"), None);
+        assert_eq!(normalize("0000:1b:00.9"), None);
+        assert_eq!(normalize("00010000:1b:00.0"), None);
+    }
+
+    #[test]
+    fn walk_lists_bridges_innermost_first() {
+        let p = "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:05:00.0";
+        assert_eq!(
+            upstream_bridges(p).unwrap(),
+            v(&["0000:02:08.0", "0000:01:00.0", "0000:00:01.0"])
+        );
+        assert_eq!(upstream_bridges("devices/pci0000:00/0000:00:1f.6").unwrap(), v(&[]));
+        assert_eq!(upstream_bridges("devices/virtual/net/lo"), None);
+        // a PCI device's sub-folder (net/eth0) stops the walk
+        let q = "devices/pci0000:00/0000:00:01.0/0000:03:00.0/net/eth0";
+        assert_eq!(upstream_bridges(q), Some(v(&["0000:00:01.0"])));
+    }
+
+    #[test]
+    fn distance_levels() {
+        let sw1 = v(&["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
+        let sw1b = v(&["0000:02:01.0", "0000:01:00.0", "0000:00:01.0"]);
+        let nested = v(&["0000:04:00.0", "0000:03:00.0", "0000:02:02.0", "0000:01:00.0", "0000:00:01.0"]);
+        let other = v(&["0000:80:01.0"]);
+        let gpu = c("0000:05:00.0", &sw1, Some(0));
+        assert_eq!(distance(gpu, c("0000:06:00.0", &sw1b, Some(0))), Distance::Pix);
+        assert_eq!(distance(gpu, c("0000:05:00.1", &sw1, Some(0))), Distance::Pix);
+        assert_eq!(distance(gpu, c("0000:07:00.0", &nested, Some(0))), Distance::Pxb);
+        assert_eq!(distance(gpu, c("0000:81:00.0", &other, Some(0))), Distance::Node);
+        assert_eq!(distance(gpu, c("0000:81:00.0", &other, Some(1))), Distance::Sys);
+        assert_eq!(distance(gpu, c("0000:81:00.0", &other, None)), Distance::Unk);
+        let no_pci = Coordinates { address: None, bridges: None, numa: Some(0) };
+        assert_eq!(distance(gpu, no_pci), Distance::Unk);
+    }
+
+    #[test]
+    fn distance_order_is_closeness() {
+        assert!(Distance::Pix < Distance::Pxb && Distance::Node < Distance::Sys && Distance::Sys < Distance::Unk);
+        assert_eq!(serde_json::to_string(&Distance::SelfDevice).unwrap(), "\"SELF\"");
+    }
+}

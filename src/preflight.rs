@@ -1,0 +1,77 @@
+//! The human-readable preflight report: one row per RDMA endpoint and the
+//! labels the same pass would publish.
+
+use crate::nfd;
+use crate::pass::Pass;
+
+/// Renders rows as left-aligned columns separated by two spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The whole report for one pass.
+pub fn report(pass: &Pass, namespace: &str) -> String {
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = pass
+        .record
+        .endpoints()
+        .into_iter()
+        .filter(|(ep, _)| ep.rdma || ep.link.is_some())
+        .map(|(ep, parent)| {
+            let numa = ep.effective_numa(parent.and_then(|p| p.numa));
+            vec![
+                ep.name.clone().unwrap_or_else(dash),
+                parent.and_then(|p| p.name.clone()).unwrap_or_else(dash),
+                ep.rdma_device.clone().unwrap_or_else(dash),
+                ep.pci_bus_id.clone().unwrap_or_else(dash),
+                numa.map_or_else(dash, |n| n.to_string()),
+                ep.link.as_ref().map_or_else(|| "none".to_string(), |l| l.state.as_str().to_string()),
+                ep.link.as_ref().and_then(|l| l.reason.clone()).unwrap_or_else(dash),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("No RDMA endpoint found.\n");
+    } else {
+        out.push_str(&table(&["INTERFACE", "PF", "RDMA", "PCI", "NUMA", "VERDICT", "REASON"], &rows));
+    }
+    let accels = pass.record.accelerators().count();
+    out.push_str(&format!("\nAccelerators: {accels}\n"));
+    out.push_str(&format!("\nLabels that would be published ({namespace}):\n"));
+    let lines = nfd::label_lines(&pass.labels, namespace);
+    if lines.is_empty() {
+        out.push_str("  (none)\n");
+    }
+    for l in lines.lines() {
+        out.push_str(&format!("  {l}\n"));
+    }
+    if !pass.labels.withheld.is_empty() {
+        out.push_str("\nWithheld:\n");
+        for w in &pass.labels.withheld {
+            out.push_str(&format!("  {w}\n"));
+        }
+    }
+    out
+}

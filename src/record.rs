@@ -1,0 +1,203 @@
+//! The node record: the one description of the host that every published
+//! artifact is derived from, in the shape `nodefabric inventory` prints.
+//!
+//! The JSON follows the `Devices` object of the specification
+//! (`.spec.interfaces[]`, `.spec.groups[].accelerators[]`), so its jq recipes
+//! work on this output unchanged.
+
+use serde::{Deserialize, Serialize};
+
+/// The record's schema version, bumped on any incompatible change.
+pub const RECORD_VERSION: u32 = 1;
+
+/// The whole node record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRecord {
+    /// Always `nodefabric/v1`-style versioning: a reader checks this first.
+    pub version: u32,
+    /// What was found.
+    pub spec: Spec,
+}
+
+/// The discovered inventory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    /// One entry per kernel interface, sorted by name; VFs nested under their PF.
+    pub interfaces: Vec<Interface>,
+    /// Accelerators grouped by manufacturer, sorted by manufacturer.
+    pub groups: Vec<AcceleratorGroup>,
+}
+
+/// One network interface, or one SR-IOV virtual function nested in its PF.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interface {
+    /// Kernel interface name; `None` for a VF that has no netdev (bound to vfio, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The bus the interface's device sits on (`pci`, `platform`, `virtio`…);
+    /// `virtual` for a software interface.
+    pub bus: String,
+    /// The PCI address, for a PCI device only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// The device's NUMA node; absent when the kernel gave none (`-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+    /// The device's local CPU list as the kernel prints it (`0-15,32-47`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_affinity: Option<String>,
+    /// The interface MTU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// True when the kernel reports the operational state `up`.
+    pub up: bool,
+    /// True for a software interface (no device behind it).
+    #[serde(rename = "virtual")]
+    pub is_virtual: bool,
+    /// True when an RDMA device is bound to this interface's device.
+    pub rdma: bool,
+    /// The bound RDMA device (`mlx5_0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_device: Option<String>,
+    /// The RDMA link verdict; absent when there is nothing RDMA to check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkVerdict>,
+    /// True when the device is an SR-IOV physical function (it can carry VFs).
+    pub physical_function: bool,
+    /// How many VFs are configured on it now (`sriov_numvfs`); 0 when none.
+    pub virtual_functions_configured: u32,
+    /// The configured VFs, sorted by PCI address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub virtual_functions: Vec<Interface>,
+    /// For a VF: its parent PF's PCI address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// PCI coordinates; absent for a device that is not on the PCI bus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+}
+
+impl Interface {
+    /// The NUMA node to use for this endpoint: its own, or for a VF with a
+    /// blank reading its parent's (passed in). Never a made-up 0.
+    pub fn effective_numa(&self, parent_numa: Option<u32>) -> Option<u32> {
+        self.numa.or(if self.parent.is_some() { parent_numa } else { None })
+    }
+}
+
+/// PCI coordinates shared by NICs and accelerators, computed by one walk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// The outermost PCI bridge above the device (not the root complex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_root_id: Option<String>,
+    /// The full upstream bridge path, innermost first.
+    pub pci_switches: Vec<String>,
+}
+
+/// The three link outcomes of the specification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LinkState {
+    /// Some port is `ACTIVE` with physical state `LinkUp`.
+    #[serde(rename = "OK")]
+    Ok,
+    /// The check ran and could not establish an answer.
+    Unverified,
+    /// Every port was read and none carries the link.
+    Failed,
+}
+
+impl LinkState {
+    /// The spelling used in the record, tables and annotations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkState::Ok => "OK",
+            LinkState::Unverified => "Unverified",
+            LinkState::Failed => "Failed",
+        }
+    }
+}
+
+/// The link verdict for one RDMA device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkVerdict {
+    /// The outcome.
+    pub state: LinkState,
+    /// Why, for `Unverified` and `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The ports as read, values verbatim (`4: ACTIVE`, `5: LinkUp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortReading>,
+    /// For `Failed`: when this failure was first seen (RFC 3339), stable while it persists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<String>,
+}
+
+/// One RDMA port's two attributes, verbatim; `None` where unreadable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortReading {
+    /// Port number (the directory name under `ports/`).
+    pub port: String,
+    /// `ports/N/state` as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `ports/N/phys_state` as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_state: Option<String>,
+}
+
+/// The accelerators of one manufacturer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceleratorGroup {
+    /// Manufacturer key (`nvidia`, `amd`, `ascend` …).
+    pub manufacturer: String,
+    /// Its accelerators, sorted by PCI address.
+    pub accelerators: Vec<Accelerator>,
+}
+
+/// One accelerator found on the PCI bus.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Accelerator {
+    /// Index within its manufacturer, in PCI address order.
+    pub id: String,
+    /// Manufacturer key, as in the group.
+    pub manufacturer: String,
+    /// PCI vendor:device, lowercase hex (`10de:2330`).
+    pub pci_id: String,
+    /// The PCI address.
+    pub pci_bus_id: String,
+    /// NUMA node; absent when the kernel gave none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+    /// PCI coordinates from the same walk as the interfaces'.
+    pub topology: Topology,
+}
+
+impl NodeRecord {
+    /// Every RDMA endpoint (interfaces and nested VFs), each with its parent
+    /// when it is a VF, in record order.
+    pub fn endpoints(&self) -> Vec<(&Interface, Option<&Interface>)> {
+        let mut out = Vec::new();
+        for iface in &self.spec.interfaces {
+            out.push((iface, None));
+            for vf in &iface.virtual_functions {
+                out.push((vf, Some(iface)));
+            }
+        }
+        out
+    }
+
+    /// All accelerators across groups.
+    pub fn accelerators(&self) -> impl Iterator<Item = &Accelerator> {
+        self.spec.groups.iter().flat_map(|g| g.accelerators.iter())
+    }
+}

@@ -1,0 +1,202 @@
+//! Bounded, root-confined reads of a sysfs tree.
+//!
+//! Every read of the host goes through [`SysRoot`]. A sysfs path is a chain of
+//! symlinks (`class/net/eth0/device` → `../../../devices/pci0000:00/…`), so each
+//! read resolves the whole chain first and refuses a path that lands outside the
+//! root. That is what lets a captured tree under `/tmp/node` read exactly like the
+//! live `/sys`, and what stops a hostile link in a captured tree from making us
+//! read `/etc/shadow`. One attribute read is capped at [`MAX_ATTR_BYTES`].
+
+use std::fs;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+/// The largest attribute we read; sysfs attributes are a page at most, so a
+/// larger file is not an attribute and is refused rather than truncated.
+pub const MAX_ATTR_BYTES: u64 = 64 * 1024;
+
+/// Why a sysfs path could not be read; every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    /// The symlink chain resolves to a place outside the tree root.
+    #[error("{path}: resolves to {target}, outside the sysfs root {root}")]
+    Escapes {
+        /// The path as asked for, relative to the root.
+        path: String,
+        /// Where the chain landed.
+        target: String,
+        /// The root it must stay inside.
+        root: String,
+    },
+    /// The attribute is larger than [`MAX_ATTR_BYTES`].
+    #[error("{path}: larger than {max} bytes, refused", max = MAX_ATTR_BYTES)]
+    TooLarge {
+        /// The path as asked for, relative to the root.
+        path: String,
+    },
+    /// Any I/O failure: missing, permission denied, not a directory …
+    #[error("{path}: {source}")]
+    Io {
+        /// The path as asked for, relative to the root.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SysError {
+    /// True when the path simply does not exist (as opposed to existing and
+    /// being unreadable), which callers often treat as "the kernel has no such
+    /// attribute".
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// A sysfs tree: the live `/sys` or a captured copy of one.
+#[derive(Debug, Clone)]
+pub struct SysRoot {
+    root: PathBuf,
+}
+
+impl SysRoot {
+    /// Opens a tree; the root itself is canonicalised so that containment
+    /// checks compare like with like.
+    pub fn new(root: impl AsRef<Path>) -> Result<Self, SysError> {
+        let root = root.as_ref();
+        let canonical = fs::canonicalize(root).map_err(|source| SysError::Io {
+            path: root.display().to_string(),
+            source,
+        })?;
+        Ok(SysRoot { root: canonical })
+    }
+
+    /// The canonical root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves `rel` (relative to the root) through every symlink and returns
+    /// the canonical path, relative to the root, with `/` separators.
+    pub fn resolve(&self, rel: &str) -> Result<String, SysError> {
+        let abs = self.resolve_abs(rel)?;
+        Ok(abs
+            .strip_prefix(&self.root)
+            .expect("resolve_abs checked containment")
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    fn resolve_abs(&self, rel: &str) -> Result<PathBuf, SysError> {
+        let joined = self.root.join(rel.trim_start_matches('/'));
+        let target = fs::canonicalize(&joined).map_err(|source| SysError::Io {
+            path: rel.to_string(),
+            source,
+        })?;
+        if !target.starts_with(&self.root) {
+            return Err(SysError::Escapes {
+                path: rel.to_string(),
+                target: target.display().to_string(),
+                root: self.root.display().to_string(),
+            });
+        }
+        Ok(target)
+    }
+
+    /// Reads an attribute whole, refusing one over [`MAX_ATTR_BYTES`].
+    pub fn read(&self, rel: &str) -> Result<String, SysError> {
+        let abs = self.resolve_abs(rel)?;
+        let io = |source| SysError::Io {
+            path: rel.to_string(),
+            source,
+        };
+        let file = fs::File::open(&abs).map_err(io)?;
+        let mut buf = Vec::new();
+        // Read one byte past the cap so "exactly 64 KiB" and "more" differ.
+        file.take(MAX_ATTR_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
+        if buf.len() as u64 > MAX_ATTR_BYTES {
+            return Err(SysError::TooLarge {
+                path: rel.to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// Reads an attribute and trims the kernel's trailing newline.
+    pub fn read_trimmed(&self, rel: &str) -> Result<String, SysError> {
+        Ok(self.read(rel)?.trim().to_string())
+    }
+
+    /// Reads an attribute where absence is an ordinary answer: `Ok(None)` when
+    /// the file does not exist, an error when it exists and cannot be read.
+    pub fn read_opt(&self, rel: &str) -> Result<Option<String>, SysError> {
+        match self.read_trimmed(rel) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lists a directory's entry names, sorted, after resolving the
+    /// directory's own symlink chain.
+    pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
+        let abs = self.resolve_abs(rel)?;
+        let io = |source| SysError::Io {
+            path: rel.to_string(),
+            source,
+        };
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&abs).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// True when `rel` exists (after resolving links) inside the root.
+    pub fn exists(&self, rel: &str) -> bool {
+        self.resolve_abs(rel).is_ok()
+    }
+}
+
+/// Joins sysfs path pieces with `/`, for building relative paths.
+pub fn join(base: &str, name: &str) -> String {
+    if base.is_empty() {
+        name.to_string()
+    } else {
+        format!("{base}/{name}")
+    }
+}
+
+/// The last path component of a resolved path (`devices/…/0000:03:00.0` → `0000:03:00.0`).
+pub fn basename(rel: &str) -> &str {
+    Path::new(rel)
+        .components()
+        .next_back()
+        .and_then(|c| match c {
+            Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basename_of_nested_path() {
+        assert_eq!(basename("devices/pci0000:00/0000:00:01.0"), "0000:00:01.0");
+        assert_eq!(basename("x"), "x");
+    }
+
+    #[test]
+    fn join_skips_empty_base() {
+        assert_eq!(join("", "a"), "a");
+        assert_eq!(join("a", "b"), "a/b");
+    }
+}
