@@ -5,7 +5,7 @@
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
 use crate::{nfd, preflight, publish};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -26,7 +26,7 @@ pub struct Cli {
 
     /// Label key namespace (the part before `/`). nfd-master must allow it:
     /// see nfd-hooks/README.md.
-    #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS")]
+    #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS", value_parser = parse_namespace)]
     pub label_namespace: String,
 
     /// Log filter for stderr: error, warn, info, debug or trace.
@@ -36,6 +36,21 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
+pub fn parse_namespace(s: &str) -> Result<String, String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if s.is_empty() || s.len() > 253 || !s.split('.').all(label_ok) {
+        return Err(format!("{s:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"));
+    }
+    Ok(s.to_string())
 }
 
 /// The subcommands.
@@ -170,14 +185,8 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
         .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
 
     let ttl = args.ttl();
-    let text = nfd::render(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t));
-    if text.len() > nfd::MAX_FEATURE_FILE {
-        bail!(
-            "feature file would be {} bytes, over NFD's {}-byte limit (NFD would ignore it); previous file kept",
-            text.len(),
-            nfd::MAX_FEATURE_FILE
-        );
-    }
+    let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
+        .context("previous feature file kept")?;
     let dir = &args.features_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let existing = std::fs::read_to_string(dir.join(nfd::FEATURE_FILE)).ok();

@@ -25,6 +25,20 @@ pub fn label_lines(labels: &LabelSet, namespace: &str) -> String {
         .collect()
 }
 
+/// A feature file NFD would ignore for its size.
+#[derive(Debug, thiserror::Error)]
+#[error("feature file would be {0} bytes, over NFD's {max}-byte limit (nfd-worker would ignore it)", max = MAX_FEATURE_FILE)]
+pub struct TooLarge(pub usize);
+
+/// The whole file, refused when NFD would ignore it for its size.
+pub fn render_checked(labels: &LabelSet, namespace: &str, expiry: Option<SystemTime>) -> Result<String, TooLarge> {
+    let text = render(labels, namespace, expiry);
+    if text.len() > MAX_FEATURE_FILE {
+        return Err(TooLarge(text.len()));
+    }
+    Ok(text)
+}
+
 /// The whole file: header, optional expiry directive, label lines.
 pub fn render(labels: &LabelSet, namespace: &str, expiry: Option<SystemTime>) -> String {
     let mut out = String::from(HEADER);
@@ -79,6 +93,17 @@ mod tests {
             values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             withheld: vec![],
         }
+    }
+
+    #[test]
+    fn oversized_file_is_refused() {
+        let mut big = LabelSet::default();
+        for i in 0..2000 {
+            big.values.insert(format!("fabric.k{i:05}"), "v".repeat(40));
+        }
+        let err = render_checked(&big, "feature.gpustack.ai", None).unwrap_err();
+        assert!(err.0 > MAX_FEATURE_FILE);
+        assert!(render_checked(&set(&[("a", "b")]), "ns", None).is_ok());
     }
 
     #[test]

@@ -1,0 +1,401 @@
+//! End-to-end tests of `nodefabric inventory|features|preflight|publish`:
+//! the built binary run on fixture sysfs trees, outputs snapshotted.
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const NOW: &str = "2026-03-01T12:00:00Z";
+
+/// Runs the real binary with a pinned clock.
+fn nodefabric(args: &[&str], now: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(args)
+        .env("NODEFABRIC_NOW", now)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .output()
+        .expect("run nodefabric")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let o = nodefabric(args, NOW);
+    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    stdout(&o)
+}
+
+fn snapshot_settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("../snapshots");
+    s.set_prepend_module_to_snapshot(false);
+    s
+}
+
+/// The seed's jq recipe for "every RDMA endpoint and its link state".
+const RECIPE: &str = "[.spec.interfaces[] | (., (.virtualFunctions // [])[])] | map(select(.rdma or .link)) | map({name, pciBusId, rdmaDevice, link: .link.state})";
+
+fn jq(input: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("jq")
+        .args(["-c", RECIPE])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("jq is installed by .ci/run");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Snapshots inventory, features, preflight (with its exit status) and the
+/// jq recipe's answer for one fixture; returns the preflight status.
+fn snapshot_fixture(name: &str, build: impl FnOnce(&Path)) -> i32 {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let root = dir.path().to_str().unwrap();
+    let inventory = run_ok(&["inventory", "--sysfs-root", root]);
+    let features = run_ok(&["features", "--sysfs-root", root]);
+    let pre = nodefabric(&["preflight", "--sysfs-root", root], NOW);
+    let code = pre.status.code().unwrap();
+    let endpoints = jq(&inventory);
+    snapshot_settings().bind(|| {
+        insta::assert_snapshot!(format!("{name}.inventory"), inventory);
+        insta::assert_snapshot!(format!("{name}.features"), features);
+        insta::assert_snapshot!(format!("{name}.preflight"), format!("exit {code}\n{}", stdout(&pre)));
+        insta::assert_snapshot!(format!("{name}.endpoints"), endpoints);
+    });
+    code
+}
+
+fn label_value(features: &str, key: &str) -> Option<String> {
+    features
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("feature.gpustack.ai/{key}=")).map(str::to_string))
+}
+
+fn features_of(build: impl FnOnce(&Path)) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    run_ok(&["features", "--sysfs-root", dir.path().to_str().unwrap()])
+}
+
+#[test]
+fn gpu8_switch_paired() {
+    assert_eq!(snapshot_fixture("gpu8", |d| drop(fixtures::gpu8_switch_paired(d))), 0);
+    let f = features_of(|d| drop(fixtures::gpu8_switch_paired(d)));
+    assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
+    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PIX"));
+    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("0_1"));
+}
+
+#[test]
+fn gpu8_record_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(dir.path());
+    let out = run_ok(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ifaces = v["spec"]["interfaces"].as_array().unwrap();
+    let names: Vec<&str> = ifaces.iter().map(|i| i["name"].as_str().unwrap()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "interfaces are sorted by name");
+    assert_eq!(ifaces.len(), 12, "10 RDMA NICs, eno1, lo");
+    // the storage NIC on its own root port: the root port is both its pciRootId and its only switch
+    let storage = ifaces.iter().find(|i| i["rdmaDevice"] == "mlx5_8").unwrap();
+    assert_eq!(storage["topology"]["pciRootId"], "0000:00:05.0");
+    assert_eq!(storage["topology"]["pciSwitches"], serde_json::json!(["0000:00:05.0"]));
+    // a GPU and its paired NIC share the whole path above their downstream ports
+    let gpu0 = &v["spec"]["groups"][0]["accelerators"][0];
+    let nic0 = ifaces.iter().find(|i| i["rdmaDevice"] == "mlx5_0").unwrap();
+    assert_eq!(gpu0["topology"]["pciRootId"], nic0["topology"]["pciRootId"]);
+    assert_eq!(gpu0["topology"]["pciSwitches"][1], nic0["topology"]["pciSwitches"][1]);
+    assert_eq!(v["spec"]["groups"][0]["accelerators"].as_array().unwrap().len(), 8);
+    let eno1 = ifaces.iter().find(|i| i["name"] == "eno1").unwrap();
+    assert_eq!(eno1["topology"]["pciSwitches"], serde_json::json!([]));
+    assert!(eno1.get("link").is_none() && eno1["rdma"] == false);
+    let lo = ifaces.iter().find(|i| i["name"] == "lo").unwrap();
+    assert_eq!((lo["virtual"].as_bool(), lo["bus"].as_str(), lo["up"].as_bool()), (Some(true), Some("virtual"), Some(true)));
+}
+
+#[test]
+fn vf_only_node_is_capable_and_vfs_are_nested() {
+    assert_eq!(snapshot_fixture("vf_only", |d| drop(fixtures::vf_only(d))), 0);
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::vf_only(dir.path());
+    let root = dir.path().to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let ifaces = v["spec"]["interfaces"].as_array().unwrap();
+    assert_eq!(ifaces.len(), 1, "VF netdevs are not listed at top level");
+    let pf = &ifaces[0];
+    assert_eq!(pf["physicalFunction"], true);
+    assert_eq!(pf["virtualFunctionsConfigured"], 4);
+    assert_eq!(pf["rdma"], false);
+    let vfs = pf["virtualFunctions"].as_array().unwrap();
+    assert_eq!(vfs.len(), 4);
+    for vf in vfs {
+        assert_eq!(vf["topology"], pf["topology"], "a VF inherits its PF's bridge path");
+        assert_eq!(vf["parent"], pf["pciBusId"]);
+    }
+    assert!(vfs[0].get("numa").is_none(), "a VF keeps its own (blank) NUMA in the record");
+    assert_eq!(vfs[2]["numa"], 1);
+    assert!(vfs[3].get("name").is_none(), "a VF without a netdev has no name");
+    let f = run_ok(&["features", "--sysfs-root", root]);
+    assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
+    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("1"), "blank VF NUMA falls back to the PF's");
+    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PIX"));
+}
+
+#[test]
+fn active_defer_is_not_active() {
+    assert_eq!(snapshot_fixture("active_defer", |d| drop(fixtures::single_port(d, fixtures::DEFER))), 1);
+    let f = features_of(|d| drop(fixtures::single_port(d, fixtures::DEFER)));
+    assert_eq!(f, "", "a Failed-only node publishes no rdma label");
+    let f = features_of(|d| drop(fixtures::single_port(d, fixtures::UP)));
+    assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
+    let f = features_of(|d| drop(fixtures::single_port(d, ("4: ACTIVE", "4: PortConfigurationTraining"))));
+    assert_eq!(f, "", "ACTIVE without LinkUp is not a link");
+}
+
+#[test]
+fn every_port_down_fails_and_withholds() {
+    assert_eq!(snapshot_fixture("all_down", |d| drop(fixtures::all_ports_down(d, false))), 1);
+    // a broken NIC beside a working one keeps the label
+    let f = features_of(|d| drop(fixtures::all_ports_down(d, true)));
+    assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
+    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("1"), "only usable endpoints count");
+}
+
+#[test]
+fn unreadable_port_is_unverified_not_failed() {
+    assert_eq!(snapshot_fixture("unreadable_port", |d| drop(fixtures::unreadable_port(d))), 0);
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::unreadable_port(dir.path());
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()])).unwrap();
+    let link = &v["spec"]["interfaces"][0]["link"];
+    assert_eq!(link["state"], "Unverified");
+    assert_eq!(link["ports"][0]["state"], "1: DOWN", "port values are verbatim");
+    assert!(link["ports"][1].get("state").is_none());
+}
+
+#[test]
+fn no_accelerator_omits_distance() {
+    assert_eq!(snapshot_fixture("no_accelerator", |d| drop(fixtures::no_accelerator(d))), 0);
+    let f = features_of(|d| drop(fixtures::no_accelerator(d)));
+    assert!(label_value(&f, "rdma.distance").is_none());
+    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("0_1"));
+}
+
+#[test]
+fn blank_numa_omits_numa_and_distance_is_unknown() {
+    assert_eq!(snapshot_fixture("blank_numa", |d| drop(fixtures::blank_numa(d))), 0);
+    let f = features_of(|d| drop(fixtures::blank_numa(d)));
+    assert!(label_value(&f, "rdma.numa").is_none(), "never normalised to 0");
+    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("UNK"));
+}
+
+#[test]
+fn nested_switches_are_pxb() {
+    assert_eq!(snapshot_fixture("nested_switches", |d| drop(fixtures::nested_switches(d))), 0);
+    let f = features_of(|d| drop(fixtures::nested_switches(d)));
+    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PXB"));
+}
+
+#[test]
+fn non_pci_interface_keeps_its_own_bus() {
+    assert_eq!(snapshot_fixture("non_pci", |d| drop(fixtures::non_pci(d))), 0);
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::non_pci(dir.path());
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()])).unwrap();
+    let eth0 = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "eth0").unwrap();
+    assert_eq!(eth0["bus"], "platform");
+    assert_eq!(eth0["virtual"], false);
+    assert!(eth0.get("pciBusId").is_none() && eth0.get("topology").is_none());
+    assert_eq!(eth0["rdmaDevice"], "hns_0");
+    let ens3 = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "ens3").unwrap();
+    assert_eq!(ens3["bus"], "virtio");
+    let f = features_of(|d| drop(fixtures::non_pci(d)));
+    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("UNK"), "no PCI coordinates, no distance");
+}
+
+#[test]
+fn escaping_link_and_oversized_attribute_are_skipped_not_fatal() {
+    assert_eq!(snapshot_fixture("hostile", |d| drop(fixtures::hostile(d))), 0);
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::hostile(dir.path());
+    let o = nodefabric(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()], NOW);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("evil") && err.contains("outside the sysfs root"), "{err}");
+    let out = stdout(&o);
+    assert!(!out.contains("\"evil\""));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let big = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["rdmaDevice"] == "mlx5_9").unwrap();
+    assert_eq!(big["link"]["state"], "Unverified");
+    assert!(big["link"]["reason"].as_str().unwrap().contains("larger than 65536 bytes"));
+}
+
+#[test]
+fn first_seen_is_stable_while_the_failure_persists() {
+    let sys = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    fixtures::all_ports_down(sys.path(), false);
+    let (root, fdir, sdir) = (sys.path().to_str().unwrap(), out.path().join("features.d"), out.path().join("state"));
+    let publish = |now: &str| {
+        let o = nodefabric(
+            &["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap()],
+            now,
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let rec: serde_json::Value = serde_json::from_str(&fs::read_to_string(sdir.join("record.json")).unwrap()).unwrap();
+        rec["spec"]["interfaces"][0]["link"]["firstSeen"].as_str().map(str::to_string)
+    };
+    assert_eq!(publish("2026-03-01T12:00:00Z").as_deref(), Some("2026-03-01T12:00:00Z"));
+    assert_eq!(publish("2026-03-01T13:00:00Z").as_deref(), Some("2026-03-01T12:00:00Z"));
+    // inventory with the same state folder sees the same time
+    let inv = nodefabric(&["inventory", "--sysfs-root", root, "--state-dir", sdir.to_str().unwrap()], "2026-03-02T00:00:00Z");
+    assert!(stdout(&inv).contains("\"firstSeen\": \"2026-03-01T12:00:00Z\""));
+    // the link heals, then fails again: a new failure gets a new time
+    let port = sys.path().join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0/ports/1");
+    fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
+    fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap();
+    assert_eq!(publish("2026-03-01T14:00:00Z"), None);
+    fs::write(port.join("state"), "1: DOWN\n").unwrap();
+    assert_eq!(publish("2026-03-01T15:00:00Z").as_deref(), Some("2026-03-01T15:00:00Z"));
+}
+
+#[test]
+fn publish_writes_atomically_and_only_on_change() {
+    use std::os::unix::fs::MetadataExt;
+    let sys = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(sys.path());
+    let fdir = out.path().join("features.d");
+    let args = |expiry: &str| {
+        vec![
+            "publish".to_string(),
+            "--sysfs-root".into(),
+            sys.path().to_str().unwrap().into(),
+            "--features-dir".into(),
+            fdir.to_str().unwrap().into(),
+            "--state-dir".into(),
+            out.path().join("state").to_str().unwrap().into(),
+            "--expiry".into(),
+            expiry.into(),
+        ]
+    };
+    let run = |now: &str, expiry: &str| {
+        let a = args(expiry);
+        let o = nodefabric(&a.iter().map(String::as_str).collect::<Vec<_>>(), now);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let p = fdir.join("nodefabric");
+        (fs::read_to_string(&p).unwrap(), fs::metadata(&p).unwrap().ino())
+    };
+    let (first, ino1) = run("2026-03-01T12:00:00Z", "3m");
+    snapshot_settings().bind(|| insta::assert_snapshot!("gpu8.feature-file", first));
+    assert!(first.contains("# +expiry-time=2026-03-01T12:03:00Z\n"));
+    // 30 s later, nothing changed and the expiry is far: the file is not replaced
+    let (same, ino2) = run("2026-03-01T12:00:30Z", "3m");
+    assert_eq!((same.as_str(), ino2), (first.as_str(), ino1));
+    // 2 minutes later the expiry is due for renewal
+    let (renewed, ino3) = run("2026-03-01T12:02:00Z", "3m");
+    assert_ne!(ino3, ino1);
+    assert!(renewed.contains("# +expiry-time=2026-03-01T12:05:00Z\n"));
+    // no temp files are left behind; only our file is in the folder
+    let names: Vec<_> = fs::read_dir(&fdir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("nodefabric")]);
+}
+
+#[test]
+fn failed_enumeration_keeps_the_published_file() {
+    let sys = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(sys.path());
+    let root = sys.path().to_str().unwrap();
+    let fdir = out.path().join("features.d");
+    let sdir = out.path().join("state");
+    let args = ["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap()];
+    assert!(nodefabric(&args, NOW).status.success());
+    let before = fs::read(fdir.join("nodefabric")).unwrap();
+    let state_before = fs::read(sdir.join("record.json")).unwrap();
+    // class/net becomes unreadable (a file where the folder was): enumeration fails
+    fs::remove_dir_all(sys.path().join("class/net")).unwrap();
+    fs::write(sys.path().join("class/net"), "").unwrap();
+    let o = nodefabric(&args, "2026-03-01T13:00:00Z");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("class/net") && err.contains("nothing published"), "{err}");
+    assert_eq!(fs::read(fdir.join("nodefabric")).unwrap(), before);
+    assert_eq!(fs::read(sdir.join("record.json")).unwrap(), state_before);
+    // while a tree that enumerates and finds nothing publishes the empty result
+    fs::remove_file(sys.path().join("class/net")).unwrap();
+    fs::create_dir(sys.path().join("class/net")).unwrap();
+    assert!(nodefabric(&args, NOW).status.success());
+    let empty = fs::read_to_string(fdir.join("nodefabric")).unwrap();
+    assert!(!empty.contains("rdma."), "{empty}");
+}
+
+#[test]
+fn preflight_exit_status() {
+    let o = nodefabric(&["preflight", "--sysfs-root", "/nonexistent/sysfs"], NOW);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/sysfs"));
+    let o = nodefabric(&["inventory", "--sysfs-root", "/nonexistent/sysfs"], NOW);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn label_namespace_is_configurable_and_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::single_port(dir.path(), fixtures::UP);
+    let root = dir.path().to_str().unwrap();
+    let f = run_ok(&["features", "--sysfs-root", root, "--label-namespace", "rdma.example.com"]);
+    assert!(f.starts_with("rdma.example.com/rdma.capable=true\n"), "{f}");
+    let o = nodefabric(&["features", "--sysfs-root", root, "--label-namespace", "Bad_NS"], NOW);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Bad_NS"));
+}
+
+#[test]
+fn features_and_preflight_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(dir.path());
+    let root = dir.path().to_str().unwrap();
+    let f = run_ok(&["features", "--sysfs-root", root]);
+    let p = run_ok(&["preflight", "--sysfs-root", root]);
+    for line in f.lines() {
+        assert!(p.contains(&format!("  {line}\n")), "preflight lacks {line}");
+    }
+}
+
+#[test]
+fn output_is_deterministic() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(a.path());
+    fixtures::gpu8_switch_paired(b.path());
+    let ra = run_ok(&["inventory", "--sysfs-root", a.path().to_str().unwrap()]);
+    let rb = run_ok(&["inventory", "--sysfs-root", b.path().to_str().unwrap()]);
+    assert_eq!(ra, rb);
+}
+
+#[test]
+fn real_sysfs_of_this_machine() {
+    // Whatever this machine has, reading it must not fail.
+    for cmd in ["inventory", "features"] {
+        let o = nodefabric(&[cmd], NOW);
+        assert!(o.status.success(), "{cmd} on /sys: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = nodefabric(&["preflight"], NOW);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&nodefabric(&["inventory"], NOW))).unwrap();
+    assert!(v["spec"]["interfaces"].is_array());
+}
