@@ -17,4 +17,4 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-cargo test --locked --all-targets
+cargo test --locked
