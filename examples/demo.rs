@@ -1,6 +1,6 @@
 //! Runs `nodefabric` end to end with no host requirements: builds the bundled
 //! 8-GPU / 8-NIC fixture sysfs tree, prints the preflight report, and
-//! publishes the feature file and record into `target/demo/`.
+//! publishes the feature file, CDI specs and record into `target/demo/`.
 //!
 //! ```text
 //! cargo run --example demo            # then: cat target/demo/features.d/nodefabric
@@ -29,7 +29,16 @@ fn main() -> std::process::ExitCode {
     run(&["preflight"]);
     let features = out.join("features.d");
     let state = out.join("state");
-    let code = run(&["publish", "--features-dir", features.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]);
-    println!("\nwrote {}/nodefabric and {}/record.json", features.display(), state.display());
+    let cdi = out.join("cdi");
+    let code = run(&[
+        "publish",
+        "--features-dir",
+        features.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--cdi-dir",
+        cdi.to_str().unwrap(),
+    ]);
+    println!("\nwrote {}/nodefabric, {}/record.json and the CDI specs in {}", features.display(), state.display(), cdi.display());
     code
 }

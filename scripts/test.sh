@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v jq >/dev/null || need+=(jq)
+# the CDI end-to-end test injects specs with a real podman (runc, busybox image)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+[ -x /bin/busybox ] || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2

@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{nfd, preflight, publish};
+use crate::{cdi, nfd, preflight, publish};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -64,7 +64,11 @@ pub enum Command {
     /// published. Exit 0 when the node would carry rdma.capable, 1 when not,
     /// 2 on an error.
     Preflight(StateArgs),
-    /// Write the feature file atomically, once or every --interval.
+    /// Print the CDI specs, one per resource family, as a JSON object keyed by
+    /// the file name `publish` gives each. Fails, naming every place checked,
+    /// when an endpoint's verbs device cannot be resolved.
+    Cdi(StateArgs),
+    /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
 }
 
@@ -82,6 +86,10 @@ pub struct PublishArgs {
     /// NFD's features.d folder; the file written there is `nodefabric`.
     #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/node-feature-discovery/features.d")]
     pub features_dir: PathBuf,
+
+    /// CDI spec folder; this tool owns the files named nodefabric-*.json there.
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
 
     /// Folder for the last published record (keeps `firstSeen` stable).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/nodefabric")]
@@ -157,6 +165,16 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             let capable = pass.labels.values.contains_key("rdma.capable");
             return Ok(ExitCode::from(if capable { 0 } else { 1 }));
         }
+        Command::Cdi(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref())?;
+            let mut specs = serde_json::Map::new();
+            for family in cdi::Family::ALL {
+                if let Some(spec) = cdi::spec(&pass.record, family)? {
+                    specs.insert(family.file_name().into(), serde_json::to_value(spec)?);
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&specs)?);
+        }
         Command::Publish(p) => return publish_loop(cli, p),
     }
     Ok(ExitCode::SUCCESS)
@@ -195,9 +213,12 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
         info!("wrote {}", path.display());
     }
 
+    // The record is saved even when a CDI family fails, so firstSeen stays
+    // stable; the failure is still reported through the exit status.
+    let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
     std::fs::create_dir_all(state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    Ok(())
+    cdi
 }

@@ -5,12 +5,13 @@
 //! the target, and the folder is fsynced so the rename survives a crash. A
 //! reader sees the old file or the new one, never a partial one.
 
+use crate::cdi::{self, Family};
 use crate::record::NodeRecord;
 use anyhow::{Context, Result};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use tracing::warn;
+use tracing::{error, info, warn};
 
 /// The file in `--state-dir` holding the last published record.
 pub const STATE_RECORD: &str = "record.json";
@@ -63,4 +64,36 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
     }
     write_atomic(dir, name, bytes)?;
     Ok(true)
+}
+
+/// Writes one CDI spec per family into `dir`: changed specs are replaced
+/// atomically, a family with no endpoints has its file removed, and a family
+/// that cannot be generated keeps its previous file (the pass then fails).
+/// Files of other tools are never touched: only our own names are written.
+pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut failed = Vec::new();
+    for family in Family::ALL {
+        let name = family.file_name();
+        match cdi::spec(record, family) {
+            Ok(Some(spec)) => {
+                if write_if_changed(dir, name, &cdi::to_bytes(&spec))? {
+                    info!("wrote {}", dir.join(name).display());
+                }
+            }
+            Ok(None) => match fs::remove_file(dir.join(name)) {
+                Ok(()) => info!("removed {}: no endpoints left", dir.join(name).display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", dir.join(name).display())),
+            },
+            Err(e) => {
+                error!("keeping the previous {}: {e}", dir.join(name).display());
+                failed.push(e.to_string());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("CDI specs not written: {}", failed.join(" | "));
+    }
+    Ok(())
 }

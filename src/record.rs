@@ -28,6 +28,22 @@ pub struct Spec {
     pub interfaces: Vec<Interface>,
     /// Accelerators grouped by manufacturer, sorted by manufacturer.
     pub groups: Vec<AcceleratorGroup>,
+    /// The RDMA connection-manager device, where the host has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma_cm: Option<CharDevice>,
+}
+
+/// A character device as sysfs describes it (`dev` = `major:minor`), with the
+/// path it has under `/dev`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CharDevice {
+    /// The device path (`/dev/infiniband/uverbs0`).
+    pub path: String,
+    /// Major number.
+    pub major: u32,
+    /// Minor number.
+    pub minor: u32,
 }
 
 /// One network interface, or one SR-IOV virtual function nested in its PF.
@@ -62,6 +78,12 @@ pub struct Interface {
     /// The bound RDMA device (`mlx5_0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma_device: Option<String>,
+    /// The bound RDMA device's verbs character device (`/dev/infiniband/uverbsN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbs: Option<CharDevice>,
+    /// Why the verbs device could not be resolved, naming every place checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbs_error: Option<String>,
     /// The RDMA link verdict; absent when there is nothing RDMA to check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkVerdict>,

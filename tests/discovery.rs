@@ -249,9 +249,10 @@ fn first_seen_is_stable_while_the_failure_persists() {
     let out = tempfile::tempdir().unwrap();
     fixtures::all_ports_down(sys.path(), false);
     let (root, fdir, sdir) = (sys.path().to_str().unwrap(), out.path().join("features.d"), out.path().join("state"));
+    let cdir = out.path().join("cdi");
     let publish = |now: &str| {
         let o = nodefabric(
-            &["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap()],
+            &["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap(), "--cdi-dir", cdir.to_str().unwrap()],
             now,
         );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -290,6 +291,8 @@ fn publish_writes_atomically_and_only_on_change() {
             out.path().join("state").to_str().unwrap().into(),
             "--expiry".into(),
             expiry.into(),
+            "--cdi-dir".into(),
+            out.path().join("cdi").to_str().unwrap().into(),
         ]
     };
     let run = |now: &str, expiry: &str| {
@@ -322,7 +325,8 @@ fn failed_enumeration_keeps_the_published_file() {
     let root = sys.path().to_str().unwrap();
     let fdir = out.path().join("features.d");
     let sdir = out.path().join("state");
-    let args = ["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap()];
+    let cdir = out.path().join("cdi");
+    let args = ["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap(), "--cdi-dir", cdir.to_str().unwrap()];
     assert!(nodefabric(&args, NOW).status.success());
     let before = fs::read(fdir.join("nodefabric")).unwrap();
     let state_before = fs::read(sdir.join("record.json")).unwrap();

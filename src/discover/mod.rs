@@ -24,10 +24,28 @@ pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Res
     let groups = accel::accelerators(root)?;
     let mut record = NodeRecord {
         version: RECORD_VERSION,
-        spec: Spec { interfaces, groups },
+        spec: Spec { interfaces, groups, rdma_cm: rdma::rdma_cm(root) },
     };
+    resolve_verbs(&mut record, &rdma::VerbsIndex::read(root));
     stamp_first_seen(&mut record, previous, now);
     Ok(record)
+}
+
+/// Attaches each bound RDMA device's verbs character device, or the reason it
+/// could not be found.
+fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
+    let resolve = |iface: &mut crate::record::Interface| {
+        if let Some(ibdev) = &iface.rdma_device {
+            match index.lookup(ibdev) {
+                Ok(dev) => iface.verbs = Some(dev),
+                Err(why) => iface.verbs_error = Some(why),
+            }
+        }
+    };
+    for iface in &mut record.spec.interfaces {
+        resolve(iface);
+        iface.virtual_functions.iter_mut().for_each(resolve);
+    }
 }
 
 /// The NUMA node of a device folder; `-1`, blank or unreadable is `None`.

@@ -3,7 +3,8 @@
 //! The check reads the RDMA subsystem's own port attributes, so it applies to
 //! every RDMA device whatever its manufacturer.
 
-use crate::record::{LinkState, LinkVerdict, PortReading};
+use crate::record::{CharDevice, LinkState, LinkVerdict, PortReading};
+use std::collections::HashMap;
 use crate::sysfs::{join, SysError, SysRoot};
 
 /// The RDMA device bound to a device: the first entry of `<device>/infiniband/`.
@@ -81,6 +82,68 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
             first_seen: None,
         }
     }
+}
+
+/// Parses a sysfs `dev` attribute (`231:0`).
+fn parse_dev(value: &str) -> Option<(u32, u32)> {
+    let (a, b) = value.trim().split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// The verbs character devices by RDMA device name, read once per pass from
+/// `class/infiniband_verbs/*/{ibdev,dev}`.
+#[derive(Debug, Default)]
+pub struct VerbsIndex {
+    by_ibdev: HashMap<String, CharDevice>,
+    checked: Vec<String>,
+}
+
+impl VerbsIndex {
+    /// Reads the index; a missing class folder gives an empty index.
+    pub fn read(root: &SysRoot) -> VerbsIndex {
+        let mut index = VerbsIndex::default();
+        let entries = match root.list("class/infiniband_verbs") {
+            Ok(e) => e,
+            Err(e) => {
+                index.checked.push(format!("class/infiniband_verbs ({e})"));
+                return index;
+            }
+        };
+        for uverbs in entries.into_iter().filter(|e| e.starts_with("uverbs")) {
+            let base = format!("class/infiniband_verbs/{uverbs}");
+            let ibdev = root.read_trimmed(&join(&base, "ibdev"));
+            let dev = root.read_trimmed(&join(&base, "dev"));
+            match (ibdev, dev.as_ref().ok().and_then(|d| parse_dev(d))) {
+                (Ok(ibdev), Some((major, minor))) => {
+                    index.checked.push(format!("{base}/ibdev = {ibdev}"));
+                    index.by_ibdev.insert(ibdev, CharDevice { path: format!("/dev/infiniband/{uverbs}"), major, minor });
+                }
+                (ibdev, _) => index.checked.push(format!(
+                    "{base} (ibdev: {}, dev: {})",
+                    ibdev.map_or_else(|e| e.to_string(), |v| v),
+                    dev.map_or_else(|e| e.to_string(), |v| format!("{v:?} is not major:minor")),
+                )),
+            }
+        }
+        if index.checked.is_empty() {
+            index.checked.push("class/infiniband_verbs (empty)".into());
+        }
+        index
+    }
+
+    /// The verbs device of `ibdev`, or a diagnostic naming every place checked.
+    pub fn lookup(&self, ibdev: &str) -> Result<CharDevice, String> {
+        self.by_ibdev.get(ibdev).cloned().ok_or_else(|| {
+            format!("no verbs device for RDMA device {ibdev}; checked: {}", self.checked.join(", "))
+        })
+    }
+}
+
+/// The connection-manager device from `class/misc/rdma_cm/dev`, if the host has one.
+pub fn rdma_cm(root: &SysRoot) -> Option<CharDevice> {
+    let dev = root.read_trimmed("class/misc/rdma_cm/dev").ok()?;
+    let (major, minor) = parse_dev(&dev)?;
+    Some(CharDevice { path: "/dev/infiniband/rdma_cm".into(), major, minor })
 }
 
 #[cfg(test)]
