@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{cdi, nfd, preflight, publish};
+use crate::{cdi, fabric, nfd, preflight, publish};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -28,6 +28,18 @@ pub struct Cli {
     /// see nfd-hooks/README.md.
     #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS", value_parser = parse_namespace)]
     pub label_namespace: String,
+
+    /// NVIDIA fabric: run this nvidia-smi binary (`-q`) instead of the one on PATH.
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "nvidia_smi_q")]
+    pub nvidia_smi: Option<PathBuf>,
+
+    /// NVIDIA fabric: read a saved `nvidia-smi -q` text instead of running it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub nvidia_smi_q: Option<PathBuf>,
+
+    /// Ascend fabric: the super-pod JSON file (see README, "Scale-up fabric").
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ascend_fabric: Option<PathBuf>,
 
     /// Log filter for stderr: error, warn, info, debug or trace.
     #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
@@ -142,9 +154,21 @@ pub fn run(cli: &Cli) -> ExitCode {
     }
 }
 
+impl Cli {
+    /// The fabric inputs named on the command line.
+    pub fn fabric_sources(&self) -> fabric::Sources {
+        let nvidia = match (&self.nvidia_smi_q, &self.nvidia_smi) {
+            (Some(f), _) => fabric::NvidiaSource::File(f.clone()),
+            (None, Some(b)) => fabric::NvidiaSource::Command(b.clone()),
+            (None, None) => fabric::NvidiaSource::Auto,
+        };
+        fabric::Sources { nvidia, ascend: self.ascend_fabric.clone() }
+    }
+}
+
 fn one_pass(cli: &Cli, state_dir: Option<&Path>) -> Result<Pass> {
     let now = pass::now()?;
-    pass::run(&cli.sysfs_root, state_dir, now)
+    pass::run(&cli.sysfs_root, state_dir, now, &cli.fabric_sources())
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
 }
 
@@ -199,7 +223,7 @@ fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
-    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now)
+    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now, &cli.fabric_sources())
         .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
 
     let ttl = args.ttl();

@@ -7,6 +7,7 @@
 pub mod cdi;
 pub mod cli;
 pub mod discover;
+pub mod fabric;
 pub mod labels;
 pub mod nfd;
 pub mod pass;

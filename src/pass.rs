@@ -2,6 +2,7 @@
 //! subcommand so `features`, `preflight` and `publish` read the host the same way.
 
 use crate::discover::{self, DiscoverError};
+use crate::fabric;
 use crate::labels::{self, LabelSet};
 use crate::publish;
 use crate::record::NodeRecord;
@@ -31,12 +32,16 @@ pub fn now() -> anyhow::Result<SystemTime> {
 }
 
 /// Runs discovery on `sysfs_root`, merging `firstSeen` from the record in
-/// `state_dir`, and reduces it to labels.
-pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime) -> Result<Pass, DiscoverError> {
+/// `state_dir`, reads the scale-up fabric, and reduces it all to labels.
+pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime, sources: &fabric::Sources) -> Result<Pass, DiscoverError> {
     let root = SysRoot::new(sysfs_root)?;
     let previous = publish::load_previous(state_dir);
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let record = discover::discover(&root, previous.as_ref(), &stamp)?;
-    let labels = labels::rdma_labels(&record);
+    let mut record = discover::discover(&root, previous.as_ref(), &stamp)?;
+    fabric::apply(&root, &mut record, sources, previous.as_ref());
+    let mut labels = labels::rdma_labels(&record);
+    let fabric_labels = fabric::labels(&record);
+    labels.values.extend(fabric_labels.values);
+    labels.withheld.extend(fabric_labels.withheld);
     Ok(Pass { record, labels })
 }

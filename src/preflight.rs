@@ -57,8 +57,27 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
     } else {
         out.push_str(&table(&["INTERFACE", "PF", "RDMA", "PCI", "NUMA", "VERDICT", "REASON"], &rows));
     }
-    let accels = pass.record.accelerators().count();
-    out.push_str(&format!("\nAccelerators: {accels}\n"));
+    let accels: Vec<Vec<String>> = pass
+        .record
+        .accelerators()
+        .map(|a| {
+            let f = a.topology.fabric.as_ref();
+            vec![
+                a.manufacturer.clone(),
+                a.pci_bus_id.clone(),
+                a.numa.map_or_else(dash, |n| n.to_string()),
+                f.map_or_else(dash, |f| f.kind.clone()),
+                f.and_then(|f| f.id.clone()).unwrap_or_else(dash),
+                f.and_then(|f| f.clique_id.clone()).unwrap_or_else(dash),
+                f.and_then(|f| f.member_count).map_or_else(dash, |n| n.to_string()),
+                a.fabric_note.clone().unwrap_or_else(dash),
+            ]
+        })
+        .collect();
+    out.push_str(&format!("\nAccelerators: {}\n", accels.len()));
+    if !accels.is_empty() {
+        out.push_str(&table(&["MAKER", "PCI", "NUMA", "FABRIC", "DOMAIN", "CLIQUE", "MEMBERS", "NOTE"], &accels));
+    }
     out.push_str(&format!("\nLabels that would be published ({namespace}):\n"));
     let lines = nfd::label_lines(&pass.labels, namespace);
     if lines.is_empty() {

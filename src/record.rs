@@ -119,6 +119,39 @@ pub struct Topology {
     pub pci_root_id: Option<String>,
     /// The full upstream bridge path, innermost first.
     pub pci_switches: Vec<String>,
+    /// An accelerator's scale-up fabric, only where its manufacturer's rules
+    /// establish it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<Fabric>,
+}
+
+/// An accelerator's place on a scale-up fabric (NVLink, XGMI, Ascend UB).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fabric {
+    /// The interconnect: `nvlink`, `xgmi` or `ub`; part of every comparison.
+    pub kind: String,
+    /// The domain's identity, comparable across nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The domain's shape as a word (`server-8p`, `pod-1d`).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+    /// The partition inside the domain whose members can address one another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique_id: Option<String>,
+    /// How many members the domain reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_count: Option<u32>,
+    /// This machine's index inside the domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u32>,
+    /// This machine's rack inside the domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack_id: Option<u32>,
+    /// This accelerator's own fabric addresses, unparsed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
 }
 
 /// The three link outcomes of the specification.
@@ -200,8 +233,11 @@ pub struct Accelerator {
     /// NUMA node; absent when the kernel gave none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa: Option<u32>,
-    /// PCI coordinates from the same walk as the interfaces'.
+    /// PCI coordinates from the same walk as the interfaces', and the fabric.
     pub topology: Topology,
+    /// Why this accelerator has no fabric (or whose was kept), for preflight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_note: Option<String>,
 }
 
 impl NodeRecord {

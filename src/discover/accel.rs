@@ -71,6 +71,7 @@ pub fn accelerators(root: &SysRoot) -> Result<Vec<AcceleratorGroup>, SysError> {
             pci_bus_id: basename(&dev).to_string(),
             numa: numa_of(root, &dev),
             topology: device_topology(&dev).unwrap_or_default(),
+            fabric_note: None,
         });
     }
     Ok(by_vendor

@@ -61,6 +61,7 @@ pub(crate) fn device_topology(device: &str) -> Option<Topology> {
     Some(Topology {
         pci_root_id: bridges.last().cloned(),
         pci_switches: bridges,
+        fabric: None,
     })
 }
 

@@ -396,3 +396,31 @@ pub fn large(dir: &Path, endpoints: u32) -> Tree {
     }
     t
 }
+
+/// AMD accelerators, one per hive id given (`None`: no xgmi_hive_info at all).
+pub fn amd_hives(dir: &Path, hives: &[Option<&str>]) -> Tree {
+    let t = Tree::new(dir);
+    for (i, hive) in hives.iter().enumerate() {
+        let i = i as u32;
+        let dev = t.pci(&[&addr(0x00, 1 + i, 0), &addr(0x10 * (i + 1), 0, 0)], AMD, 0x74a1, CLASS_ACCEL, 0);
+        if let Some(h) = hive {
+            t.write(&format!("{dev}/xgmi_hive_info/xgmi_hive_id"), h);
+        }
+    }
+    t
+}
+
+/// `nvidia-smi -q` text for the gpu8 fixture's GPUs, in the tool's layout;
+/// `fabric(i)` gives GPU i's (state, status, clique, cluster uuid).
+pub fn nvsmi_q(fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'static str)) -> String {
+    let mut s = String::from("\n==============NVSMI LOG==============\n\nTimestamp                                 : Mon Mar  2 12:00:00 2026\nDriver Version                            : 570.86.15\nCUDA Version                              : 12.8\n\nAttached GPUs                             : 8\n");
+    for i in 0..8u32 {
+        let host = if i < 4 { 0x00 } else { 0x80 };
+        let bus = host + 0x10 * (i % 4) + 0x10 + 2;
+        let (state, status, clique, uuid) = fabric(i);
+        s.push_str(&format!(
+            "GPU 00000000:{bus:02X}:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n    Persistence Mode                      : Enabled\n    Fabric\n        State                             : {state}\n        Status                            : {status}\n        CliqueId                          : {clique}\n        ClusterUUID                       : {uuid}\n        Health\n            Bandwidth                     : Full\n    Processes                             : None\n\n"
+        ));
+    }
+    s
+}

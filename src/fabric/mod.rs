@@ -1,0 +1,188 @@
+//! Scale-up fabric per accelerator (NVLink, XGMI, Ascend UB), and the
+//! `fabric.domain` / `fabric.members` node labels reduced from it.
+//!
+//! What each manufacturer establishes differs: NVIDIA once the fabric manager
+//! registered the GPU; AMD from the XGMI hive id in sysfs; Ascend from the
+//! driver's super-pod answer (read from a JSON file); Cambricon reports no
+//! domain identity at all, so none is recorded.
+
+pub mod ascend;
+pub mod nvidia;
+
+use crate::labels::{sanitize_value, LabelSet};
+use crate::record::{Fabric, NodeRecord};
+use crate::sysfs::SysRoot;
+use std::path::PathBuf;
+use tracing::warn;
+
+/// Where the NVIDIA fabric answer comes from.
+#[derive(Debug, Clone, Default)]
+pub enum NvidiaSource {
+    /// Run `nvidia-smi -q` from PATH when the node has NVIDIA GPUs.
+    #[default]
+    Auto,
+    /// Run this `nvidia-smi` binary.
+    Command(PathBuf),
+    /// Read a saved `nvidia-smi -q` text.
+    File(PathBuf),
+}
+
+/// The non-sysfs inputs of the fabric readers.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// NVIDIA: `nvidia-smi -q`.
+    pub nvidia: NvidiaSource,
+    /// Ascend: the super-pod JSON file, when given.
+    pub ascend: Option<PathBuf>,
+}
+
+fn nvidia_text(source: &NvidiaSource) -> Result<String, String> {
+    let run = |bin: &std::path::Path| {
+        let o = std::process::Command::new(bin)
+            .arg("-q")
+            .output()
+            .map_err(|e| format!("running {} -q: {e}", bin.display()))?;
+        if !o.status.success() {
+            return Err(format!("{} -q exited with {}: {}", bin.display(), o.status, String::from_utf8_lossy(&o.stderr).trim()));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    match source {
+        NvidiaSource::Auto => run(std::path::Path::new("nvidia-smi")),
+        NvidiaSource::Command(bin) => run(bin),
+        NvidiaSource::File(f) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())),
+    }
+}
+
+/// Fills `topology.fabric` (or a note saying why not) on every accelerator.
+/// A manufacturer whose answer cannot be read keeps the previous record's
+/// fabric for its accelerators, so no label is withdrawn on a failed read.
+pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
+    let previous_fabric = |pci: &str| {
+        previous
+            .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci))
+            .and_then(|a| a.topology.fabric.clone())
+    };
+    for group in &mut record.spec.groups {
+        match group.manufacturer.as_str() {
+            "nvidia" => {
+                let parsed = nvidia_text(&sources.nvidia).and_then(|t| nvidia::parse(&t).map_err(|e| e.to_string()));
+                for acc in &mut group.accelerators {
+                    match &parsed {
+                        Ok(blocks) => match blocks.get(&acc.pci_bus_id) {
+                            Some(info) => match nvidia::fabric(info) {
+                                Ok(f) => acc.topology.fabric = Some(f),
+                                Err(why) => acc.fabric_note = Some(why),
+                            },
+                            None => acc.fabric_note = Some("nvidia-smi -q shows no Fabric block for this GPU".into()),
+                        },
+                        Err(e) => {
+                            warn!("NVIDIA fabric unreadable, keeping the previous answer: {e}");
+                            acc.topology.fabric = previous_fabric(&acc.pci_bus_id);
+                            acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
+                        }
+                    }
+                }
+            }
+            "amd" => {
+                for acc in &mut group.accelerators {
+                    let path = format!("bus/pci/devices/{}/xgmi_hive_info/xgmi_hive_id", acc.pci_bus_id);
+                    match root.read_trimmed(&path) {
+                        // The driver prints a 64-bit number; any alphanumeric
+                        // token is kept verbatim, all zeros means "no hive".
+                        Ok(id) if !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()) && !id.chars().all(|c| c == '0') => {
+                            acc.topology.fabric = Some(Fabric { kind: "xgmi".into(), id: Some(id), ..Default::default() });
+                        }
+                        Ok(id) => acc.fabric_note = Some(format!("{path} is {id:?}: no XGMI hive")),
+                        Err(e) => acc.fabric_note = Some(format!("no XGMI hive: {e}")),
+                    }
+                }
+            }
+            "ascend" => {
+                let answers = match &sources.ascend {
+                    None => Err("no --ascend-fabric input given".to_string()),
+                    Some(f) => std::fs::read_to_string(f)
+                        .map_err(|e| format!("{}: {e}", f.display()))
+                        .and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
+                };
+                for acc in &mut group.accelerators {
+                    match &answers {
+                        Ok(map) => match map.get(&acc.pci_bus_id) {
+                            Some(answer) => {
+                                let (fabric, note) = ascend::fabric(answer);
+                                acc.topology.fabric = Some(fabric);
+                                acc.fabric_note = note;
+                            }
+                            None => acc.fabric_note = Some("the Ascend fabric input has no entry for this NPU".into()),
+                        },
+                        Err(e) if sources.ascend.is_none() => acc.fabric_note = Some(e.clone()),
+                        Err(e) => {
+                            warn!("Ascend fabric unreadable, keeping the previous answer: {e}");
+                            acc.topology.fabric = previous_fabric(&acc.pci_bus_id);
+                            acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
+                        }
+                    }
+                }
+            }
+            "cambricon" => {
+                for acc in &mut group.accelerators {
+                    acc.fabric_note = Some("Cambricon MLU-Link reports no domain identity, only per-link peers".into());
+                }
+            }
+            other => {
+                for acc in &mut group.accelerators {
+                    acc.fabric_note = Some(format!("no scale-up fabric reader for {other}"));
+                }
+            }
+        }
+    }
+}
+
+/// The domain value of one fabric: `<kind>-<id>` or `<kind>-<id>-<clique>`.
+fn domain(f: &Fabric) -> Option<String> {
+    let id = f.id.as_deref()?;
+    Some(match &f.clique_id {
+        Some(c) => format!("{}-{id}-{c}", f.kind),
+        None => format!("{}-{id}", f.kind),
+    })
+}
+
+/// Reduces the whole node to `fabric.domain` and `fabric.members`: each only
+/// when every accelerator agrees (and, for members, on a nonzero count).
+pub fn labels(record: &NodeRecord) -> LabelSet {
+    let mut set = LabelSet::default();
+    let accs: Vec<_> = record.accelerators().collect();
+    if accs.is_empty() {
+        set.withheld.push("fabric.domain: the node has no accelerator".into());
+        set.withheld.push("fabric.members: the node has no accelerator".into());
+        return set;
+    }
+    let domains: Vec<Option<String>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(domain)).collect();
+    match domains.iter().position(Option::is_none) {
+        Some(i) => set.withheld.push(format!(
+            "fabric.domain: accelerator {} ({}) reports no domain",
+            accs[i].pci_bus_id,
+            accs[i].fabric_note.as_deref().unwrap_or("no fabric")
+        )),
+        None if domains.windows(2).any(|w| w[0] != w[1]) => {
+            let mut distinct: Vec<&str> = domains.iter().flatten().map(String::as_str).collect();
+            distinct.sort();
+            distinct.dedup();
+            set.withheld.push(format!("fabric.domain: accelerators sit in different domains: {}", distinct.join(", ")));
+        }
+        None => match sanitize_value(domains[0].as_deref().expect("all present")) {
+            Ok(v) => {
+                set.values.insert("fabric.domain".into(), v);
+            }
+            Err(e) => set.withheld.push(format!("fabric.domain: {e}")),
+        },
+    }
+    let counts: Vec<Option<u32>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(|f| f.member_count)).collect();
+    match counts[0] {
+        Some(n) if n > 0 && counts.iter().all(|c| *c == Some(n)) => {
+            set.values.insert("fabric.members".into(), n.to_string());
+        }
+        _ => set.withheld.push("fabric.members: accelerators do not all report one nonzero member count".into()),
+    }
+    set
+}
