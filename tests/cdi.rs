@@ -18,6 +18,21 @@ fn nodefabric(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `nodefabric publish` of `root` into `out/{f,s}` and `cdi_dir`.
+fn publish_into(root: &Path, out: &Path, cdi_dir: &Path) -> Output {
+    nodefabric(&[
+        "publish",
+        "--sysfs-root",
+        root.to_str().unwrap(),
+        "--features-dir",
+        out.join("f").to_str().unwrap(),
+        "--state-dir",
+        out.join("s").to_str().unwrap(),
+        "--cdi-dir",
+        cdi_dir.to_str().unwrap(),
+    ])
+}
+
 fn cdi_of(root: &Path) -> Value {
     let o = nodefabric(&["cdi", "--sysfs-root", root.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -158,19 +173,7 @@ fn unresolvable_verbs_device_fails_and_keeps_the_previous_spec() {
     fixtures::gpu8_switch_paired(sys.path());
     let root = sys.path().to_str().unwrap();
     let cdi_dir = out.path().join("cdi");
-    let publish = || {
-        nodefabric(&[
-            "publish",
-            "--sysfs-root",
-            root,
-            "--features-dir",
-            out.path().join("f").to_str().unwrap(),
-            "--state-dir",
-            out.path().join("s").to_str().unwrap(),
-            "--cdi-dir",
-            cdi_dir.to_str().unwrap(),
-        ])
-    };
+    let publish = || publish_into(sys.path(), out.path(), &cdi_dir);
     assert!(publish().status.success());
     let before = fs::read(cdi_dir.join("nodefabric-rdma.json")).unwrap();
     // the verbs device of mlx5_2 disappears, and mlx5_0's link goes down
@@ -192,17 +195,7 @@ fn stale_specs_are_removed_and_other_files_untouched() {
     fs::create_dir_all(&cdi_dir).unwrap();
     fs::write(cdi_dir.join("vendor-gpu.json"), "{\"not\": \"ours\"}").unwrap();
     let publish = |root: &Path| {
-        let o = nodefabric(&[
-            "publish",
-            "--sysfs-root",
-            root.to_str().unwrap(),
-            "--features-dir",
-            out.path().join("f").to_str().unwrap(),
-            "--state-dir",
-            out.path().join("s").to_str().unwrap(),
-            "--cdi-dir",
-            cdi_dir.to_str().unwrap(),
-        ]);
+        let o = publish_into(root, out.path(), &cdi_dir);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let mut names: Vec<String> =
             fs::read_dir(&cdi_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -226,20 +219,7 @@ fn readers_never_see_a_partial_spec() {
     let b = tempfile::tempdir().unwrap();
     fixtures::gpu8_switch_paired(a.path());
     fixtures::single_port(b.path(), fixtures::UP);
-    let publish = |root: &Path| {
-        let o = nodefabric(&[
-            "publish",
-            "--sysfs-root",
-            root.to_str().unwrap(),
-            "--features-dir",
-            out.path().join("f").to_str().unwrap(),
-            "--state-dir",
-            out.path().join("s").to_str().unwrap(),
-            "--cdi-dir",
-            cdi_dir.to_str().unwrap(),
-        ]);
-        assert!(o.status.success());
-    };
+    let publish = |root: &Path| assert!(publish_into(root, out.path(), &cdi_dir).status.success());
     publish(a.path());
     let path = cdi_dir.join("nodefabric-rdma.json");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

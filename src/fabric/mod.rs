@@ -58,10 +58,13 @@ fn nvidia_text(source: &NvidiaSource) -> Result<String, String> {
 /// A manufacturer whose answer cannot be read keeps the previous record's
 /// fabric for its accelerators, so no label is withdrawn on a failed read.
 pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
-    let previous_fabric = |pci: &str| {
-        previous
-            .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci))
-            .and_then(|a| a.topology.fabric.clone())
+    // An unreadable answer keeps what the previous record said for this accelerator.
+    let keep_previous = |acc: &mut crate::record::Accelerator, maker: &str, e: &str| {
+        warn!("{maker} fabric unreadable, keeping the previous answer: {e}");
+        acc.topology.fabric = previous
+            .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == acc.pci_bus_id))
+            .and_then(|a| a.topology.fabric.clone());
+        acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
     };
     for group in &mut record.spec.groups {
         match group.manufacturer.as_str() {
@@ -76,11 +79,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                             },
                             None => acc.fabric_note = Some("nvidia-smi -q shows no Fabric block for this GPU".into()),
                         },
-                        Err(e) => {
-                            warn!("NVIDIA fabric unreadable, keeping the previous answer: {e}");
-                            acc.topology.fabric = previous_fabric(&acc.pci_bus_id);
-                            acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
-                        }
+                        Err(e) => keep_previous(acc, "NVIDIA", e),
                     }
                 }
             }
@@ -116,11 +115,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                             None => acc.fabric_note = Some("the Ascend fabric input has no entry for this NPU".into()),
                         },
                         Err(e) if sources.ascend.is_none() => acc.fabric_note = Some(e.clone()),
-                        Err(e) => {
-                            warn!("Ascend fabric unreadable, keeping the previous answer: {e}");
-                            acc.topology.fabric = previous_fabric(&acc.pci_bus_id);
-                            acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
-                        }
+                        Err(e) => keep_previous(acc, "Ascend", e),
                     }
                 }
             }
