@@ -48,11 +48,6 @@ impl Family {
             Family::Partitioned => "nodefabric-rdma-vf.json",
         }
     }
-
-    /// The family whose spec has this kind.
-    pub fn from_kind(kind: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.kind() == kind)
-    }
 }
 
 /// A CDI spec (the subset of the format we write).

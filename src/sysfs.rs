@@ -130,16 +130,6 @@ impl SysRoot {
         Ok(self.read(rel)?.trim().to_string())
     }
 
-    /// Reads an attribute where absence is an ordinary answer: `Ok(None)` when
-    /// the file does not exist, an error when it exists and cannot be read.
-    pub fn read_opt(&self, rel: &str) -> Result<Option<String>, SysError> {
-        match self.read_trimmed(rel) {
-            Ok(v) => Ok(Some(v)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Lists a directory's entry names, sorted, after resolving the
     /// directory's own symlink chain.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
