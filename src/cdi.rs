@@ -179,7 +179,7 @@ fn device(ep: &Interface, parent: Option<&Interface>) -> Result<Device, String> 
     if let Some(pci) = &ep.pci_bus_id {
         annotations.insert(key("pci-address"), pci.clone());
     }
-    if let Some(numa) = ep.effective_numa(parent.and_then(|p| p.numa)) {
+    if let Some(numa) = ep.effective_numa(parent) {
         annotations.insert(key("numa"), numa.to_string());
     }
     let link = ep.link.as_ref().map_or(LinkState::Unverified, |l| l.state);

@@ -86,7 +86,7 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
         .endpoints()
         .into_iter()
         .filter(|(ep, _)| usable(ep))
-        .map(|(ep, parent)| (ep, ep.effective_numa(parent.and_then(|p| p.numa))))
+        .map(|(ep, parent)| (ep, ep.effective_numa(parent)))
         .collect();
     if usable_eps.is_empty() {
         set.withheld.push("rdma.capable: no usable RDMA endpoint (every endpoint Failed, or none bound)".into());

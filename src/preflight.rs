@@ -39,7 +39,7 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
         .into_iter()
         .filter(|(ep, _)| ep.rdma || ep.link.is_some())
         .map(|(ep, parent)| {
-            let numa = ep.effective_numa(parent.and_then(|p| p.numa));
+            let numa = ep.effective_numa(parent);
             vec![
                 ep.name.clone().unwrap_or_else(dash),
                 parent.and_then(|p| p.name.clone()).unwrap_or_else(dash),

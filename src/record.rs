@@ -104,9 +104,9 @@ pub struct Interface {
 
 impl Interface {
     /// The NUMA node to use for this endpoint: its own, or for a VF with a
-    /// blank reading its parent's (passed in). Never a made-up 0.
-    pub fn effective_numa(&self, parent_numa: Option<u32>) -> Option<u32> {
-        self.numa.or(if self.parent.is_some() { parent_numa } else { None })
+    /// blank reading its parent PF's. Never a made-up 0.
+    pub fn effective_numa(&self, parent: Option<&Interface>) -> Option<u32> {
+        self.numa.or_else(|| if self.parent.is_some() { parent.and_then(|p| p.numa) } else { None })
     }
 }
 
@@ -252,6 +252,15 @@ impl NodeRecord {
             }
         }
         out
+    }
+
+    /// Calls `f` on every endpoint (interfaces and their nested VFs), for the
+    /// passes that fill in per-endpoint facts.
+    pub fn for_each_endpoint_mut(&mut self, mut f: impl FnMut(&mut Interface)) {
+        for iface in &mut self.spec.interfaces {
+            f(iface);
+            iface.virtual_functions.iter_mut().for_each(&mut f);
+        }
     }
 
     /// All accelerators across groups.

@@ -153,6 +153,11 @@ impl SysRoot {
     }
 }
 
+/// Parses a hex attribute as the kernel prints it (`0x10de`, `0x1003`).
+pub fn parse_hex(s: &str) -> Option<u32> {
+    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
 /// Joins sysfs path pieces with `/`, for building relative paths.
 pub fn join(base: &str, name: &str) -> String {
     if base.is_empty() {

@@ -8,7 +8,7 @@
 
 use super::{device_topology, numa_of};
 use crate::record::{Accelerator, AcceleratorGroup};
-use crate::sysfs::{basename, join, SysError, SysRoot};
+use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
@@ -30,10 +30,6 @@ pub const VENDORS: &[(u16, &str)] = &[
 /// out the same vendors' audio functions, NICs (Huawei) and NVSwitch bridges.
 fn is_accelerator_class(class: u32) -> bool {
     matches!(class >> 16, 0x03 | 0x12)
-}
-
-fn parse_hex(s: &str) -> Option<u32> {
-    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
 }
 
 /// Scans `bus/pci/devices`. A tree without a PCI bus has no accelerators; a

@@ -34,18 +34,14 @@ pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Res
 /// Attaches each bound RDMA device's verbs character device, or the reason it
 /// could not be found.
 fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
-    let resolve = |iface: &mut crate::record::Interface| {
+    record.for_each_endpoint_mut(|iface| {
         if let Some(ibdev) = &iface.rdma_device {
             match index.lookup(ibdev) {
                 Ok(dev) => iface.verbs = Some(dev),
                 Err(why) => iface.verbs_error = Some(why),
             }
         }
-    };
-    for iface in &mut record.spec.interfaces {
-        resolve(iface);
-        iface.virtual_functions.iter_mut().for_each(resolve);
-    }
+    });
 }
 
 /// The NUMA node of a device folder; `-1`, blank or unreadable is `None`.
@@ -79,18 +75,12 @@ fn stamp_first_seen(record: &mut NodeRecord, previous: Option<&NodeRecord>, now:
             }
         }
     }
-    let stamp = |iface: &mut crate::record::Interface| {
+    record.for_each_endpoint_mut(|iface| {
         let key = (iface.rdma_device.clone(), iface.pci_bus_id.clone());
         if let Some(link) = iface.link.as_mut() {
             if link.state == LinkState::Failed {
                 link.first_seen = Some(seen.get(&key).cloned().unwrap_or_else(|| now.to_string()));
             }
         }
-    };
-    for iface in &mut record.spec.interfaces {
-        stamp(iface);
-        for vf in &mut iface.virtual_functions {
-            stamp(vf);
-        }
-    }
+    });
 }

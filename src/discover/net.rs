@@ -4,7 +4,7 @@
 use super::{device_topology, numa_of};
 use crate::discover::rdma;
 use crate::record::{Interface, LinkState, LinkVerdict};
-use crate::sysfs::{basename, join, SysError, SysRoot};
+use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use tracing::warn;
 
 /// Enumerates `class/net`. Only a failure to list the folder itself is an
@@ -71,7 +71,7 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         let admin_up = root
             .read_trimmed(&join(net, "flags"))
             .ok()
-            .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .and_then(|f| parse_hex(&f))
             .is_some_and(|f| f & 0x1 != 0);
         iface.up = oper == "up" || (oper == "unknown" && admin_up);
     }
