@@ -16,3 +16,4 @@ pub mod preflight;
 pub mod publish;
 pub mod record;
 pub mod sysfs;
+pub mod plugin;

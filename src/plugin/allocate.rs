@@ -1,0 +1,221 @@
+//! Allocation, recomputed from the current catalog on every call: nothing an
+//! allocation does is remembered.
+//!
+//! Preferred allocation, in order:
+//! 1. every must-include ID, as given;
+//! 2. the rest from one NUMA node: the node most must-include tokens sit on,
+//!    or else the smallest node that can supply the whole remainder (best
+//!    fit, which keeps larger nodes whole for larger requests), lowest node
+//!    number on a tie;
+//! 3. if that node runs short, the other nodes from the fullest down, and
+//!    tokens without a NUMA node last.
+//!
+//! Within a node, shared tokens are **spread**: each pick goes to the
+//! endpoint granted the fewest tokens so far in this request (must-include
+//! counted), then to the one with the most tokens still available (the least
+//! loaded), then by name. A request for N shared tokens so lands on N
+//! different interfaces where the node has them, which is what a job that
+//! asks for several shares wants (one queue pair set per rail).
+
+use super::api;
+use super::catalog::{Catalog, Endpoint, Resource};
+use std::collections::{BTreeMap, HashMap};
+use tonic::Status;
+
+/// The environment variable NCCL reads to choose its HCAs.
+pub const NCCL_IB_HCA: &str = "NCCL_IB_HCA";
+
+/// The annotation-key prefix CDI defines for runtimes that read device names
+/// from annotations (kubelets before the typed field).
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+
+/// How an allocation hands CDI device names to the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CdiDelivery {
+    /// The typed `cdi_devices` field (kubelet 1.31 and later).
+    Field,
+    /// The `cdi.k8s.io/nodefabric_<resource>` annotation, for older kubelets.
+    Annotations,
+}
+
+/// The response to one container's request, or a refusal naming the ID.
+pub fn container_response(
+    catalog: &Catalog,
+    resource: Resource,
+    ids: &[String],
+    delivery: CdiDelivery,
+) -> Result<api::ContainerAllocateResponse, Status> {
+    let mut granted: Vec<&Endpoint> = Vec::new();
+    for id in ids {
+        let ep = catalog.resolve(resource, id).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "device ID {id:?} is no {} token of this node (family {})",
+                resource.suffix(),
+                resource.family().kind()
+            ))
+        })?;
+        if let Some(why) = &ep.unusable {
+            return Err(Status::failed_precondition(format!("device ID {id:?}: {why}")));
+        }
+        if !granted.iter().any(|g| g.name == ep.name) {
+            granted.push(ep);
+        }
+    }
+    granted.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));
+    let names: Vec<&str> = granted.iter().map(|e| e.name.as_str()).collect();
+    let cdi_names: Vec<String> = granted.iter().map(|e| e.cdi_name.clone()).collect();
+    let mut resp = api::ContainerAllocateResponse::default();
+    if !names.is_empty() {
+        // The leading "=" makes NCCL match names exactly: plain "mlx5_1" would also pick mlx5_10.
+        resp.envs.insert(NCCL_IB_HCA.into(), format!("={}", names.join(",")));
+    }
+    match delivery {
+        CdiDelivery::Field => {
+            resp.cdi_devices = cdi_names.into_iter().map(|name| api::CdiDevice { name }).collect();
+        }
+        CdiDelivery::Annotations => {
+            if !cdi_names.is_empty() {
+                resp.annotations.insert(annotation_key(resource), cdi_names.join(","));
+            }
+        }
+    }
+    Ok(resp)
+}
+
+/// The CDI annotation key for a resource: `cdi.k8s.io/nodefabric_rdma.shared`.
+pub fn annotation_key(resource: Resource) -> String {
+    format!("{CDI_ANNOTATION_PREFIX}nodefabric_{}", resource.suffix())
+}
+
+/// The preferred IDs for one container (see the module docs for the order).
+pub fn preferred(
+    catalog: &Catalog,
+    resource: Resource,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for id in must_include {
+        if !out.contains(id) {
+            out.push(id.clone());
+        }
+    }
+    if out.len() >= size {
+        return out;
+    }
+    // Candidates: available, ours, not already chosen.
+    let mut cands: Vec<(String, &Endpoint)> = available
+        .iter()
+        .filter(|id| !out.contains(id))
+        .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id.clone(), ep)))
+        .collect();
+    cands.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
+    cands.dedup_by(|a, b| a.0 == b.0);
+    let need = size - out.len();
+
+    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
+    for (_, ep) in &cands {
+        if let Some(n) = ep.numa {
+            *per_node.entry(n).or_default() += 1;
+        }
+    }
+    let target = anchor_node(catalog, resource, must_include)
+        .or_else(|| per_node.iter().filter(|(_, c)| **c >= need).min_by_key(|(n, c)| (**c, **n)).map(|(n, _)| *n))
+        .or_else(|| per_node.iter().max_by_key(|(n, c)| (**c, -**n)).map(|(n, _)| *n));
+    // Node order: the target, then the others fullest first, then no node.
+    let rank = |numa: Option<i64>| -> (u8, i64, i64) {
+        match numa {
+            Some(n) if Some(n) == target => (0, 0, n),
+            Some(n) => (1, -(per_node[&n] as i64), n),
+            None => (2, 0, 0),
+        }
+    };
+    let mut groups: BTreeMap<(u8, i64, i64), Vec<(String, &Endpoint)>> = BTreeMap::new();
+    for c in cands {
+        groups.entry(rank(c.1.numa)).or_default().push(c);
+    }
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for id in &out {
+        if let Some(ep) = catalog.resolve(resource, id) {
+            *counts.entry(ep.name.clone()).or_default() += 1;
+        }
+    }
+    for (_, group) in groups {
+        if out.len() >= size {
+            break;
+        }
+        if resource == Resource::Shared {
+            spread(group, &mut counts, &mut out, size);
+        } else {
+            out.extend(group.into_iter().take(size - out.len()).map(|(id, _)| id));
+        }
+    }
+    out
+}
+
+/// The NUMA node most must-include tokens sit on (lowest number on a tie).
+fn anchor_node(catalog: &Catalog, resource: Resource, must_include: &[String]) -> Option<i64> {
+    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
+    for id in must_include {
+        if let Some(n) = catalog.resolve(resource, id).and_then(|ep| ep.numa) {
+            *per_node.entry(n).or_default() += 1;
+        }
+    }
+    per_node.into_iter().max_by_key(|(n, c)| (*c, -*n)).map(|(n, _)| n)
+}
+
+/// Picks shared tokens one at a time onto the least-used endpoint.
+fn spread(group: Vec<(String, &Endpoint)>, counts: &mut HashMap<String, usize>, out: &mut Vec<String>, size: usize) {
+    let mut queues: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (id, ep) in group {
+        queues.entry(ep.name.as_str()).or_default().push(id);
+    }
+    for q in queues.values_mut() {
+        q.reverse(); // pop() then yields the lowest share number first
+    }
+    while out.len() < size {
+        let pick = queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .min_by_key(|(name, q)| (counts.get(**name).copied().unwrap_or(0), usize::MAX - q.len(), natural(name)))
+            .map(|(name, _)| *name);
+        let Some(name) = pick else { break };
+        let id = queues.get_mut(name).and_then(Vec::pop).expect("non-empty queue");
+        *counts.entry(name.to_string()).or_default() += 1;
+        out.push(id);
+    }
+}
+
+/// A sort key that orders `mlx5_2` before `mlx5_10`.
+fn natural(s: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut text = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut num = c.to_digit(10).unwrap() as u64;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                num = num.saturating_mul(10).saturating_add(d as u64);
+                chars.next();
+            }
+            key.push((std::mem::take(&mut text), num));
+        } else {
+            text.push(c);
+        }
+    }
+    key.push((text, 0));
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural;
+
+    #[test]
+    fn natural_order() {
+        let mut v = vec!["mlx5_10", "mlx5_2", "mlx5_1"];
+        v.sort_by_key(|s| natural(s));
+        assert_eq!(v, ["mlx5_1", "mlx5_2", "mlx5_10"]);
+    }
+}

@@ -1,0 +1,118 @@
+//! The `nodefabric-device-plugin` command line. Kept in the library so the
+//! deploy tests can parse manifests' container args with the real parser.
+
+use super::allocate::CdiDelivery;
+use super::catalog::Resource;
+use super::server::{self, Config};
+use crate::cli::parse_namespace;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::error;
+
+/// Serves RDMA tokens to kubelet from the CDI specs `nodefabric publish`
+/// writes: `<prefix>/rdma` (one whole interface), `<prefix>/rdma.shared`
+/// (64 concurrent uses of one interface) and `<prefix>/rdma.partitioned`
+/// (one SR-IOV virtual function).
+///
+/// Each token carries its endpoint's NUMA node as a topology hint and its
+/// link health (a `Failed` link is advertised Unhealthy, never withdrawn).
+/// Allocation hands the container the endpoint's CDI device and
+/// `NCCL_IB_HCA`. The plugin re-reads the specs when they change and
+/// registers again when kubelet restarts; SIGTERM removes its sockets.
+#[derive(Debug, Parser)]
+#[command(name = "nodefabric-device-plugin", version)]
+pub struct PluginCli {
+    /// Where `nodefabric publish` writes its CDI specs (its only input).
+    #[arg(long, default_value = "/var/run/cdi", value_name = "DIR")]
+    pub cdi_dir: PathBuf,
+
+    /// kubelet's device-plugin folder: holds kubelet.sock and this plugin's sockets.
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins", value_name = "DIR")]
+    pub kubelet_dir: PathBuf,
+
+    /// Do not serve `<prefix>/rdma.shared`.
+    #[arg(long)]
+    pub no_shared: bool,
+
+    /// Do not serve `<prefix>/rdma.partitioned`.
+    #[arg(long)]
+    pub no_partitioned: bool,
+
+    /// The resource-name prefix (a DNS subdomain).
+    #[arg(long, default_value = "device.gpustack.ai", value_name = "PREFIX", value_parser = parse_namespace)]
+    pub resource_prefix: String,
+
+    /// Hand CDI device names to the runtime as `cdi.k8s.io/nodefabric_<resource>`
+    /// annotations instead of the typed field, for kubelets before 1.31.
+    #[arg(long)]
+    pub cdi_annotations: bool,
+
+    /// How often to re-check specs and registration when no file event arrives.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Log filter for stderr: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+}
+
+impl PluginCli {
+    /// The server configuration this command line asks for.
+    pub fn config(&self) -> Config {
+        let resources = Resource::ALL
+            .into_iter()
+            .filter(|r| match r {
+                Resource::Exclusive => true,
+                Resource::Shared => !self.no_shared,
+                Resource::Partitioned => !self.no_partitioned,
+            })
+            .collect();
+        Config {
+            cdi_dir: self.cdi_dir.clone(),
+            kubelet_dir: self.kubelet_dir.clone(),
+            resources,
+            resource_prefix: self.resource_prefix.clone(),
+            delivery: if self.cdi_annotations { CdiDelivery::Annotations } else { CdiDelivery::Field },
+            poll_interval: self.poll_interval,
+        }
+    }
+}
+
+/// Parses `std::env::args` and runs until SIGTERM or SIGINT.
+pub fn main() -> ExitCode {
+    let cli = PluginCli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(cli.log_level)
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server::run(cli.config(), shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM (kubelet/kubectl stopping the Pod) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,135 @@
+//! The `DevicePlugin` gRPC service for one resource.
+
+use super::allocate::{self, CdiDelivery};
+use super::api::{self, device_plugin_server::DevicePlugin};
+use super::catalog::{Catalog, Resource};
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::{wrappers::ReceiverStream, Stream};
+use tonic::{Request, Response, Status};
+use tracing::{debug, info};
+
+/// Health strings kubelet understands.
+pub const HEALTHY: &str = "Healthy";
+/// See [`HEALTHY`].
+pub const UNHEALTHY: &str = "Unhealthy";
+
+/// Serves one resource from the shared, always-current catalog.
+#[derive(Clone)]
+pub struct ResourceService {
+    resource: Resource,
+    catalog: watch::Receiver<Arc<Catalog>>,
+    delivery: CdiDelivery,
+    /// Flips to true when this server generation stops, ending open streams
+    /// so a re-registration does not leave kubelet reading a dead list.
+    stop: watch::Receiver<bool>,
+}
+
+impl ResourceService {
+    /// A service for `resource` reading `catalog`.
+    pub fn new(
+        resource: Resource,
+        catalog: watch::Receiver<Arc<Catalog>>,
+        delivery: CdiDelivery,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        ResourceService { resource, catalog, delivery, stop }
+    }
+}
+
+/// The device list kubelet is sent for a resource.
+pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
+    catalog
+        .tokens(resource)
+        .into_iter()
+        .map(|t| api::Device {
+            id: t.id,
+            health: if t.endpoint.healthy { HEALTHY } else { UNHEALTHY }.into(),
+            // No NUMA node known means no hint at all, never a stand-in node 0.
+            topology: t.endpoint.numa.map(|id| api::TopologyInfo { nodes: vec![api::NumaNode { id }] }),
+        })
+        .collect()
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for ResourceService {
+    async fn get_device_plugin_options(&self, _: Request<api::Empty>) -> Result<Response<api::DevicePluginOptions>, Status> {
+        Ok(Response::new(api::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let mut catalog = self.catalog.clone();
+        let mut stop = self.stop.clone();
+        let resource = self.resource;
+        tokio::spawn(async move {
+            let mut last: Option<Vec<api::Device>> = None;
+            loop {
+                let devices = device_list(&catalog.borrow_and_update(), resource);
+                if last.as_ref() != Some(&devices) {
+                    info!(resource = resource.suffix(), devices = devices.len(), "sending device list");
+                    if tx.send(Ok(api::ListAndWatchResponse { devices: devices.clone() })).await.is_err() {
+                        debug!("ListAndWatch client went away");
+                        return;
+                    }
+                    last = Some(devices);
+                }
+                tokio::select! {
+                    changed = catalog.changed() => if changed.is_err() { return },
+                    _ = stop.wait_for(|s| *s) => return,
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let catalog = self.catalog.borrow().clone();
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| api::ContainerPreferredAllocationResponse {
+                device_i_ds: allocate::preferred(
+                    &catalog,
+                    self.resource,
+                    &r.available_device_i_ds,
+                    &r.must_include_device_i_ds,
+                    usize::try_from(r.allocation_size).unwrap_or(0),
+                ),
+            })
+            .collect();
+        Ok(Response::new(api::PreferredAllocationResponse { container_responses }))
+    }
+
+    async fn allocate(&self, request: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+        // Recomputed from the specs as they are now; nothing is remembered.
+        let catalog = self.catalog.borrow().clone();
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| allocate::container_response(&catalog, self.resource, &r.devices_ids, self.delivery))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(api::AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        Ok(Response::new(api::PreStartContainerResponse {}))
+    }
+}
