@@ -137,6 +137,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(cli.log_level)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     run(&cli)
 }

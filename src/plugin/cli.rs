@@ -5,6 +5,7 @@ use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
 use crate::cli::parse_namespace;
+use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -87,6 +88,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_max_level(cli.log_level)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -95,7 +97,11 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(cli.config(), shutdown_signal())) {
+    let outcome = runtime.block_on(async {
+        let shutdown = shutdown_signal().context("installing the SIGTERM handler")?;
+        server::run(cli.config(), shutdown).await
+    });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -104,15 +110,17 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Resolves on the first SIGTERM (kubelet/kubectl stopping the Pod) or SIGINT.
-async fn shutdown_signal() {
+/// Resolves on the first SIGTERM (kubelet/kubectl stopping the Pod) or
+/// SIGINT. The handlers are installed now, not on first poll, so a signal
+/// that arrives while the plugin is busy registering is not lost.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

@@ -1,0 +1,505 @@
+//! The device plugin driven the way kubelet drives it: a kubelet stand-in
+//! serves the real `Registration` gRPC service on `kubelet.sock` in a temp
+//! folder, the real `nodefabric-device-plugin` binary registers with it, and
+//! the test then calls the plugin over its Unix sockets. The CDI specs are
+//! written by the real `nodefabric publish` on fixture trees.
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use nodefabric::plugin::api::registration_server::{Registration, RegistrationServer};
+use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
+use nodefabric::plugin::uds;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Waits for `fut`, failing the test (not hanging it) after [`WAIT`].
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// Serves `Registration` and hands each request to the test.
+struct StandIn(mpsc::UnboundedSender<api::RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for StandIn {
+    async fn register(&self, request: Request<api::RegisterRequest>) -> Result<Response<api::Empty>, Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(Response::new(api::Empty {}))
+    }
+}
+
+/// A running kubelet stand-in; dropping it stops serving.
+struct Kubelet {
+    registered: mpsc::UnboundedReceiver<api::RegisterRequest>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Kubelet {
+    fn start(dir: &Path) -> Kubelet {
+        let (tx, registered) = mpsc::unbounded_channel();
+        let listener = uds::bind(&dir.join("kubelet.sock")).unwrap();
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(StandIn(tx)))
+                .serve_with_incoming(UnixListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        Kubelet { registered, server }
+    }
+
+    /// The next `n` registrations, sorted by resource name.
+    async fn registrations(&mut self, n: usize) -> Vec<api::RegisterRequest> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(within("a registration", self.registered.recv()).await.unwrap());
+        }
+        out.sort_by(|a, b| a.resource_name.cmp(&b.resource_name));
+        out
+    }
+
+    fn stop(self) {
+        self.server.abort();
+    }
+}
+
+/// The plugin binary; killed on drop if a test did not stop it.
+struct Plugin {
+    child: Child,
+    kubelet_dir: PathBuf,
+}
+
+impl Plugin {
+    fn start(kubelet_dir: &Path, cdi_dir: &Path, extra: &[&str]) -> Plugin {
+        let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
+            .arg("--kubelet-dir")
+            .arg(kubelet_dir)
+            .arg("--cdi-dir")
+            .arg(cdi_dir)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Plugin { child, kubelet_dir: kubelet_dir.to_path_buf() }
+    }
+
+    async fn client(&self, socket: &str) -> DevicePluginClient<Channel> {
+        DevicePluginClient::new(uds::connect(&self.kubelet_dir.join(socket)).await.unwrap())
+    }
+
+    /// SIGTERM, then the exit status and everything logged.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (status, err)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const EXCLUSIVE: &str = "nodefabric-rdma.sock";
+const SHARED: &str = "nodefabric-rdma-shared.sock";
+const PARTITIONED: &str = "nodefabric-rdma-partitioned.sock";
+
+/// `nodefabric publish` of a fixture tree's CDI specs into `cdi_dir`.
+fn publish(root: &Path, cdi_dir: &Path) {
+    let state = root.parent().unwrap().join(format!("{}-state", root.file_name().unwrap().to_str().unwrap()));
+    let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["publish", "--sysfs-root"])
+        .arg(root)
+        .arg("--features-dir")
+        .arg(state.join("f"))
+        .arg("--state-dir")
+        .arg(state.join("s"))
+        .arg("--cdi-dir")
+        .arg(cdi_dir)
+        .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A temp folder with `kubelet/`, `cdi/` and fixture trees beside them.
+struct Dirs {
+    tmp: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("kubelet")).unwrap();
+        std::fs::create_dir(tmp.path().join("cdi")).unwrap();
+        Dirs { tmp }
+    }
+    fn kubelet(&self) -> PathBuf {
+        self.tmp.path().join("kubelet")
+    }
+    fn cdi(&self) -> PathBuf {
+        self.tmp.path().join("cdi")
+    }
+    fn tree(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+}
+
+/// (ID, health, NUMA nodes) of a device list.
+fn summary(devices: &[api::Device]) -> Vec<(String, String, Vec<i64>)> {
+    devices
+        .iter()
+        .map(|d| (d.id.clone(), d.health.clone(), d.topology.iter().flat_map(|t| t.nodes.iter().map(|n| n.id)).collect()))
+        .collect()
+}
+
+async fn next_list(stream: &mut Streaming<api::ListAndWatchResponse>) -> Vec<api::Device> {
+    within("a ListAndWatch message", stream.message()).await.unwrap().expect("stream open").devices
+}
+
+async fn list_once(plugin: &Plugin, socket: &str) -> Vec<api::Device> {
+    let mut stream = plugin.client(socket).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    next_list(&mut stream).await
+}
+
+fn ids(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn registers_all_three_resources_and_lists_tokens_with_numa_hints() {
+    let d = Dirs::new();
+    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
+    publish(&d.tree("gpu8"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+
+    let regs = kubelet.registrations(3).await;
+    let seen: Vec<(&str, &str, &str, bool)> = regs
+        .iter()
+        .map(|r| (r.version.as_str(), r.endpoint.as_str(), r.resource_name.as_str(), r.options.unwrap().get_preferred_allocation_available))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("v1beta1", EXCLUSIVE, "device.gpustack.ai/rdma", true),
+            ("v1beta1", PARTITIONED, "device.gpustack.ai/rdma.partitioned", true),
+            ("v1beta1", SHARED, "device.gpustack.ai/rdma.shared", true),
+        ]
+    );
+    let opts = plugin.client(EXCLUSIVE).await.get_device_plugin_options(api::Empty {}).await.unwrap().into_inner();
+    assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+
+    let exclusive = summary(&list_once(&plugin, EXCLUSIVE).await);
+    let expected: Vec<(String, String, Vec<i64>)> = (0..10)
+        .map(|i| (format!("mlx5_{i}"), "Healthy".into(), vec![if i < 4 || i == 8 { 0 } else { 1 }]))
+        .collect();
+    let mut sorted = exclusive.clone();
+    sorted.sort_by_key(|(id, _, _)| id[5..].parse::<u32>().unwrap());
+    assert_eq!(sorted, expected);
+
+    let shared = summary(&list_once(&plugin, SHARED).await);
+    assert_eq!(shared.len(), 640, "64 shared tokens per whole interface");
+    assert!(shared.contains(&("mlx5_7-shared-63".into(), "Healthy".into(), vec![1])));
+    assert!(shared.contains(&("mlx5_0-shared-00".into(), "Healthy".into(), vec![0])));
+
+    // No VFs configured: the partitioned resource is registered with zero devices.
+    assert!(list_once(&plugin, PARTITIONED).await.is_empty());
+    drop(plugin);
+}
+
+#[tokio::test]
+async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_failed_link() {
+    let d = Dirs::new();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    // A huge poll interval: only the folder watch can deliver the updates below.
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
+    assert_eq!(kubelet.registrations(3).await.len(), 3);
+    let mut stream = plugin.client(EXCLUSIVE).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    assert!(next_list(&mut stream).await.is_empty(), "no specs yet: zero devices");
+
+    // A driver loads: nodefabric publishes, the plugin streams the tokens with no restart.
+    let healthy = d.tree("healthy");
+    fixtures::all_ports_down(&healthy, false);
+    std::fs::remove_dir_all(&healthy).unwrap();
+    fixtures::no_accelerator(&healthy);
+    publish(&healthy, &d.cdi());
+    let list = summary(&next_list(&mut stream).await);
+    assert_eq!(
+        list,
+        [("mlx5_0".into(), "Healthy".into(), vec![0]), ("mlx5_1".into(), "Healthy".into(), vec![1])]
+    );
+
+    // mlx5_0's ports go down: its token stays, marked Unhealthy.
+    let down = d.tree("down");
+    fixtures::all_ports_down(&down, true);
+    publish(&down, &d.cdi());
+    let list = summary(&next_list(&mut stream).await);
+    assert_eq!(
+        list,
+        [("mlx5_0".into(), "Unhealthy".into(), vec![0]), ("mlx5_1".into(), "Healthy".into(), vec![1])]
+    );
+    // Unhealthy tokens are still allocatable by ID (kubelet decides); the response is recomputed.
+    let resp = plugin
+        .client(EXCLUSIVE)
+        .await
+        .allocate(api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_1"]) }] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.container_responses[0].envs["NCCL_IB_HCA"], "=mlx5_1");
+}
+
+#[tokio::test]
+async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
+    let d = Dirs::new();
+    fixtures::vf_only(&d.tree("vf"));
+    publish(&d.tree("vf"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    kubelet.registrations(3).await;
+    let vfs = summary(&list_once(&plugin, PARTITIONED).await);
+    // mlx5_1 and mlx5_2 report NUMA -1 and inherit the PF's node 1.
+    let want: Vec<(String, String, Vec<i64>)> = (1..=4).map(|i| (format!("mlx5_{i}"), "Healthy".into(), vec![1])).collect();
+    assert_eq!(vfs, want);
+    assert!(list_once(&plugin, EXCLUSIVE).await.is_empty(), "a PF with VFs configured serves only partitioned");
+    drop(plugin);
+
+    // Neither the interface nor (for a VF) its parent knows its node: no hint, never node 0.
+    let d = Dirs::new();
+    fixtures::blank_numa(&d.tree("blank"));
+    publish(&d.tree("blank"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    kubelet.registrations(3).await;
+    let list = list_once(&plugin, EXCLUSIVE).await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].topology, None);
+    let vf_blank = d.tree("vfblank");
+    let t = fixtures::Tree::new(&vf_blank);
+    let pf = t.pci(&[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 0)], 0x15b3, 0x101d, 0x020000, -1);
+    t.netdev(&pf, "enp4s0f0np0", 1500, true);
+    let vf = t.pci(&[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 2)], 0x15b3, 0x101e, 0x020000, -1);
+    t.netdev(&vf, "enp4s0f0v0", 1500, true);
+    t.rdma(&vf, "mlx5_1", &[("4: ACTIVE", "5: LinkUp")]);
+    t.sriov(&pf, 8, &[vf]);
+    publish(&vf_blank, &d.cdi());
+    let mut stream = plugin.client(PARTITIONED).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    let mut list = next_list(&mut stream).await;
+    if list.is_empty() {
+        list = next_list(&mut stream).await;
+    }
+    assert_eq!(summary(&list), [("mlx5_1".into(), "Healthy".into(), vec![])]);
+    assert_eq!(list[0].topology, None);
+}
+
+#[tokio::test]
+async fn preferred_allocation_keeps_one_numa_node_honours_must_include_and_spreads_shares() {
+    let d = Dirs::new();
+    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
+    publish(&d.tree("gpu8"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    kubelet.registrations(3).await;
+    let all: Vec<String> = (0..10).map(|i| format!("mlx5_{i}")).collect();
+
+    let ask = |resource: &'static str, available: Vec<String>, must: Vec<String>, size: i32| {
+        let plugin = &plugin;
+        async move {
+            let req = api::PreferredAllocationRequest {
+                container_requests: vec![api::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available,
+                    must_include_device_i_ds: must,
+                    allocation_size: size,
+                }],
+            };
+            let resp = plugin.client(resource).await.get_preferred_allocation(req).await.unwrap().into_inner();
+            resp.container_responses[0].device_i_ds.clone()
+        }
+    };
+    // Node 0 holds mlx5_0-3 and mlx5_8, node 1 mlx5_4-7 and mlx5_9.
+    assert_eq!(ask(EXCLUSIVE, all.clone(), vec![], 2).await, ids(&["mlx5_0", "mlx5_1"]));
+    // must-include mlx5_5 (node 1) anchors the rest on node 1.
+    assert_eq!(ask(EXCLUSIVE, all.clone(), ids(&["mlx5_5"]), 3).await, ids(&["mlx5_5", "mlx5_4", "mlx5_6"]));
+    // Best fit: node 1 has only two left, node 0 five; a request for two takes node 1's pair.
+    let avail = ids(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8", "mlx5_7", "mlx5_9"]);
+    assert_eq!(ask(EXCLUSIVE, avail.clone(), vec![], 2).await, ids(&["mlx5_7", "mlx5_9"]));
+    // Too big for either node: the target node first, then the other.
+    let got = ask(EXCLUSIVE, avail, vec![], 6).await;
+    assert_eq!(got[..5], ids(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8"]));
+    assert_eq!(got.len(), 6);
+
+    // Shared: spread over distinct interfaces of one node, least loaded first.
+    let mut shared: Vec<String> = (0..10).flat_map(|i| (0..64).map(move |s| format!("mlx5_{i}-shared-{s:02}"))).collect();
+    // mlx5_0 is busy (only two shares left).
+    shared.retain(|id| !id.starts_with("mlx5_0-") || id.ends_with("-62") || id.ends_with("-63"));
+    let got = ask(SHARED, shared.clone(), vec![], 3).await;
+    assert_eq!(got, ids(&["mlx5_1-shared-00", "mlx5_2-shared-00", "mlx5_3-shared-00"]));
+    let got = ask(SHARED, shared, ids(&["mlx5_9-shared-10"]), 2).await;
+    assert_eq!(got, ids(&["mlx5_9-shared-10", "mlx5_4-shared-00"]));
+}
+
+#[tokio::test]
+async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids() {
+    let d = Dirs::new();
+    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
+    publish(&d.tree("gpu8"), &d.cdi());
+    fixtures::vf_only(&d.tree("vf"));
+    // Only the partitioned spec of the VF node, beside the gpu8 whole-interface spec.
+    let vfcdi = d.tree("vfcdi");
+    publish(&d.tree("vf"), &vfcdi);
+    std::fs::copy(vfcdi.join("nodefabric-rdma-vf.json"), d.cdi().join("nodefabric-rdma-vf.json")).unwrap();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    kubelet.registrations(3).await;
+
+    let allocate = |socket: &'static str, containers: Vec<Vec<&'static str>>| {
+        let plugin = &plugin;
+        async move {
+            let req = api::AllocateRequest {
+                container_requests: containers.into_iter().map(|c| api::ContainerAllocateRequest { devices_ids: ids(&c) }).collect(),
+            };
+            plugin.client(socket).await.allocate(req).await.map(|r| r.into_inner())
+        }
+    };
+    let cdi = |r: &api::ContainerAllocateResponse| r.cdi_devices.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+
+    // Two containers; names in natural order, NCCL's exact-match form.
+    let resp = allocate(EXCLUSIVE, vec![vec!["mlx5_9", "mlx5_1"], vec!["mlx5_2"]]).await.unwrap();
+    assert_eq!(resp.container_responses.len(), 2);
+    let c0 = &resp.container_responses[0];
+    assert_eq!(cdi(c0), ["gpustack.ai/rdma=mlx5_1", "gpustack.ai/rdma=mlx5_9"]);
+    assert_eq!(c0.envs["NCCL_IB_HCA"], "=mlx5_1,mlx5_9");
+    assert!(c0.annotations.is_empty() && c0.devices.is_empty() && c0.mounts.is_empty());
+    assert_eq!(cdi(&resp.container_responses[1]), ["gpustack.ai/rdma=mlx5_2"]);
+
+    // Two shares of one interface are one device and one HCA.
+    let resp = allocate(SHARED, vec![vec!["mlx5_3-shared-00", "mlx5_3-shared-41", "mlx5_8-shared-63"]]).await.unwrap();
+    let c = &resp.container_responses[0];
+    assert_eq!(cdi(c), ["gpustack.ai/rdma=mlx5_3", "gpustack.ai/rdma=mlx5_8"]);
+    assert_eq!(c.envs["NCCL_IB_HCA"], "=mlx5_3,mlx5_8");
+
+    // A VF token resolves to the partitioned family's CDI kind.
+    let resp = allocate(PARTITIONED, vec![vec!["mlx5_4"]]).await.unwrap();
+    let c = &resp.container_responses[0];
+    assert_eq!(cdi(c), ["gpustack.ai/rdma-vf=mlx5_4"]);
+    assert_eq!(c.envs["NCCL_IB_HCA"], "=mlx5_4");
+
+    // Refusals name the ID: unknown endpoint, share out of range or misspelt,
+    // a whole-interface name asked of the partitioned family, and one bad ID
+    // in an otherwise good request.
+    for (socket, good, id) in [
+        (EXCLUSIVE, "mlx5_1", "mlx5_10"),
+        (SHARED, "mlx5_1-shared-00", "mlx5_0-shared-64"),
+        (SHARED, "mlx5_1-shared-00", "mlx5_0-shared-7"),
+        (SHARED, "mlx5_1-shared-00", "mlx5_0"),
+        (PARTITIONED, "mlx5_1", "mlx5_0"),
+        (EXCLUSIVE, "mlx5_1", "mlx5_0-shared-00"),
+    ] {
+        allocate(socket, vec![vec![good]]).await.unwrap();
+        let err = allocate(socket, vec![vec![good, id]]).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{socket} {id}");
+        assert!(err.message().contains(&format!("{id:?}")), "{}", err.message());
+    }
+}
+
+#[tokio::test]
+async fn flags_drop_families_and_switch_to_cdi_annotations() {
+    let d = Dirs::new();
+    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
+    publish(&d.tree("gpu8"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--no-shared", "--no-partitioned", "--cdi-annotations", "--resource-prefix", "rdma.example.com"],
+    );
+    let regs = kubelet.registrations(1).await;
+    assert_eq!(regs[0].resource_name, "rdma.example.com/rdma");
+    // Nothing else registers, and no other socket is served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(kubelet.registered.try_recv().is_err());
+    assert!(!d.kubelet().join(SHARED).exists() && !d.kubelet().join(PARTITIONED).exists());
+    let req = api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_0", "mlx5_4"]) }] };
+    let resp = plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap().into_inner();
+    let c = &resp.container_responses[0];
+    assert!(c.cdi_devices.is_empty());
+    assert_eq!(c.annotations["cdi.k8s.io/nodefabric_rdma"], "gpustack.ai/rdma=mlx5_0,gpustack.ai/rdma=mlx5_4");
+    assert_eq!(c.envs["NCCL_IB_HCA"], "=mlx5_0,mlx5_4");
+}
+
+#[tokio::test]
+async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_sigterm_cleans_up() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
+    kubelet.registrations(3).await;
+    let mut old_stream = plugin.client(EXCLUSIVE).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    assert_eq!(next_list(&mut old_stream).await.len(), 2);
+
+    // kubelet restarts: it stops, wipes the plugin sockets, recreates kubelet.sock.
+    kubelet.stop();
+    for entry in std::fs::read_dir(d.kubelet()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let regs = kubelet.registrations(3).await;
+    assert_eq!(regs.iter().map(|r| r.endpoint.as_str()).collect::<Vec<_>>(), [EXCLUSIVE, PARTITIONED, SHARED]);
+    // The old stream ends; the new socket serves.
+    assert!(within("the old stream to end", old_stream.message()).await.map_or(true, |m| m.is_none()));
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+
+    // Only kubelet.sock recreated (sockets left in place): also a re-registration.
+    std::fs::remove_file(d.kubelet().join("kubelet.sock")).unwrap();
+    kubelet.stop();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    assert_eq!(kubelet.registrations(3).await.len(), 3);
+
+    let (status, log) = plugin.terminate();
+    assert!(status.success(), "exit {status}: {log}");
+    let left: Vec<String> =
+        std::fs::read_dir(d.kubelet()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(left, ["kubelet.sock"], "SIGTERM removes the plugin's sockets and nothing else");
+    assert!(log.contains("re-registering"), "{log}");
+}
+
+#[tokio::test]
+async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    std::fs::write(d.cdi().join("nodefabric-rdma-vf.json"), "{\"cdiVersion\": \"0.6.0\", \"kind\": ").unwrap();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "100ms"]);
+    kubelet.registrations(3).await;
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+    assert!(list_once(&plugin, PARTITIONED).await.is_empty());
+
+    // The whole-interface spec is torn after serving: its tokens stay (kubelet
+    // checkpointed them) and allocation still resolves them.
+    std::fs::write(d.cdi().join("nodefabric-rdma.json"), "not json").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+    let req = api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_1"]) }] };
+    plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap();
+
+    let (_, log) = plugin.terminate();
+    let vf = d.cdi().join("nodefabric-rdma-vf.json");
+    let whole = d.cdi().join("nodefabric-rdma.json");
+    assert!(log.contains(&vf.display().to_string()), "{log}");
+    assert!(log.contains(&whole.display().to_string()), "{log}");
+}
