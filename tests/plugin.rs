@@ -6,70 +6,17 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/kubelet.rs"]
+mod kubelet;
 
-use nodefabric::plugin::api::registration_server::{Registration, RegistrationServer};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use nodefabric::plugin::uds;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
-
-const WAIT: Duration = Duration::from_secs(15);
-
-/// Waits for `fut`, failing the test (not hanging it) after [`WAIT`].
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-/// Serves `Registration` and hands each request to the test.
-struct StandIn(mpsc::UnboundedSender<api::RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for StandIn {
-    async fn register(&self, request: Request<api::RegisterRequest>) -> Result<Response<api::Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(api::Empty {}))
-    }
-}
-
-/// A running kubelet stand-in; dropping it stops serving.
-struct Kubelet {
-    registered: mpsc::UnboundedReceiver<api::RegisterRequest>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Kubelet {
-    fn start(dir: &Path) -> Kubelet {
-        let (tx, registered) = mpsc::unbounded_channel();
-        let listener = uds::bind(&dir.join("kubelet.sock")).unwrap();
-        let server = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(StandIn(tx)))
-                .serve_with_incoming(UnixListenerStream::new(listener))
-                .await
-                .unwrap();
-        });
-        Kubelet { registered, server }
-    }
-
-    /// The next `n` registrations, sorted by resource name.
-    async fn registrations(&mut self, n: usize) -> Vec<api::RegisterRequest> {
-        let mut out = Vec::new();
-        for _ in 0..n {
-            out.push(within("a registration", self.registered.recv()).await.unwrap());
-        }
-        out.sort_by(|a, b| a.resource_name.cmp(&b.resource_name));
-        out
-    }
-
-    fn stop(self) {
-        self.server.abort();
-    }
-}
+use kubelet::{within, Kubelet};
+use tonic::Streaming;
 
 /// The plugin binary; killed on drop if a test did not stop it.
 struct Plugin {

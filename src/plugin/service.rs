@@ -52,6 +52,18 @@ pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
         .collect()
 }
 
+/// A fingerprint of a device list, to skip resending an unchanged one.
+fn digest(devices: &[api::Device]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for d in devices {
+        d.id.hash(&mut h);
+        d.health.hash(&mut h);
+        d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id).collect::<Vec<_>>()).hash(&mut h);
+    }
+    h.finish()
+}
+
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -71,16 +83,19 @@ impl DevicePlugin for ResourceService {
         let mut stop = self.stop.clone();
         let resource = self.resource;
         tokio::spawn(async move {
-            let mut last: Option<Vec<api::Device>> = None;
+            // Only a digest of the last list is kept: a shared list can hold
+            // tens of thousands of tokens, and idle memory is the budget.
+            let mut last: Option<u64> = None;
             loop {
                 let devices = device_list(&catalog.borrow_and_update(), resource);
-                if last.as_ref() != Some(&devices) {
+                let digest = digest(&devices);
+                if last != Some(digest) {
                     info!(resource = resource.suffix(), devices = devices.len(), "sending device list");
-                    if tx.send(Ok(api::ListAndWatchResponse { devices: devices.clone() })).await.is_err() {
+                    if tx.send(Ok(api::ListAndWatchResponse { devices })).await.is_err() {
                         debug!("ListAndWatch client went away");
                         return;
                     }
-                    last = Some(devices);
+                    last = Some(digest);
                 }
                 tokio::select! {
                     changed = catalog.changed() => if changed.is_err() { return },
