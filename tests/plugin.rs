@@ -450,3 +450,16 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
     assert!(log.contains(&vf.display().to_string()), "{log}");
     assert!(log.contains(&whole.display().to_string()), "{log}");
 }
+
+#[tokio::test]
+async fn an_unverified_link_is_healthy() {
+    let d = Dirs::new();
+    fixtures::unreadable_port(&d.tree("u"));
+    publish(&d.tree("u"), &d.cdi());
+    let spec = std::fs::read_to_string(d.cdi().join("nodefabric-rdma.json")).unwrap();
+    assert!(spec.contains("\"rdma.gpustack.ai/link\": \"Unverified\""), "{spec}");
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    kubelet.registrations(3).await;
+    assert_eq!(summary(&list_once(&plugin, EXCLUSIVE).await), [("mlx5_0".into(), "Healthy".into(), vec![0])]);
+}
