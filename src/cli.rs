@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{cdi, fabric, nfd, preflight, publish};
+use crate::{cdi, fabric, nfd, preflight, publish, rails};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -80,8 +80,104 @@ pub enum Command {
     /// the file name `publish` gives each. Fails, naming every place checked,
     /// when an endpoint's verbs device cannot be resolved.
     Cdi(StateArgs),
+    /// Print the GPU-to-NIC rail record: for every GPU and every network rail,
+    /// the NICs tied at the closest PCIe path class (PIX < PXB < PHB < NODE < SYS).
+    /// Rails come from the host's LLDP neighbours; path classes from
+    /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
+    /// naming the rail and GPU, on an unknown path class or a rail with no
+    /// qualified NIC.
+    Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
+}
+
+/// Options of `rails`.
+#[derive(Debug, Args)]
+pub struct RailsCommand {
+    /// Folder holding the last published record; read only by this command.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// The rail inputs.
+    #[command(flatten)]
+    pub rails: RailArgs,
+}
+
+/// Where rails and GPU paths come from (`rails`, and `publish --rails-file`).
+#[derive(Debug, Args, Clone, Default)]
+pub struct RailArgs {
+    /// YAML rail configuration: the Helm `gpuNicRailMapping` block or a whole
+    /// values file holding it (see README, "Rails"); flags win over it.
+    #[arg(long, value_name = "FILE")]
+    pub rails_config: Option<PathBuf>,
+
+    /// Rail interfaces: a regular expression on interface names whose capture
+    /// groups feed --rail-id, e.g. '^eth_r([0-9]+)_p[0-9]+$'.
+    #[arg(long, value_name = "RE")]
+    pub interface_regex: Option<String>,
+
+    /// Rail ID template with $1-style capture references, e.g. 'rail$1'.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub rail_id: Option<String>,
+
+    /// Run `lldpctl -u PATH -f json` against this lldpd socket (default: lldpd's own).
+    #[arg(long, value_name = "PATH", conflicts_with = "lldp_json")]
+    pub lldp_socket: Option<PathBuf>,
+
+    /// Read a saved `lldpctl -f json` output instead of running lldpctl.
+    #[arg(long, value_name = "FILE")]
+    pub lldp_json: Option<PathBuf>,
+
+    /// Read a saved `nvidia-smi topo -m` instead of running nvidia-smi (needs --gpu-query-file).
+    #[arg(long, value_name = "FILE", requires = "gpu_query_file")]
+    pub topo_file: Option<PathBuf>,
+
+    /// Read a saved `nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv,noheader` (needs --topo-file).
+    #[arg(long, value_name = "FILE", requires = "topo_file")]
+    pub gpu_query_file: Option<PathBuf>,
+
+    /// Take every GPU's paths from the PCIe walk, even where nvidia-smi exists.
+    #[arg(long, conflicts_with = "topo_file")]
+    pub sysfs_paths: bool,
+
+    /// The Node object's UID, recorded so a cluster publisher can tell a
+    /// replaced node that reuses a name.
+    #[arg(long, value_name = "UID", env = "NODEFABRIC_NODE_UID", default_value = "")]
+    pub node_uid: String,
+}
+
+impl RailArgs {
+    /// The rail options, flags over the config file.
+    pub fn options(&self, nvidia_smi: Option<&Path>) -> Result<rails::Options> {
+        let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
+        if let Some(c) = &config {
+            if !c.enabled {
+                anyhow::bail!("{}: gpuNicRailMapping is disabled (enabled: false)", self.rails_config.as_ref().unwrap().display());
+            }
+        }
+        let lldp_cfg = config.as_ref().and_then(|c| c.rail_source.host_lldp.clone());
+        let regex = self
+            .interface_regex
+            .clone()
+            .or_else(|| lldp_cfg.as_ref().map(|l| l.interface_regex.clone()))
+            .context("rails need --interface-regex (or railSource.hostLLDP.interfaceRegex in --rails-config)")?;
+        let rail_id = self
+            .rail_id
+            .clone()
+            .or_else(|| lldp_cfg.as_ref().map(|l| l.rail_id.clone()))
+            .context("rails need --rail-id (or railSource.hostLLDP.railID in --rails-config)")?;
+        let interface_regex = regex::Regex::new(&regex).with_context(|| format!("--interface-regex {regex:?}"))?;
+        let lldp = match &self.lldp_json {
+            Some(f) => rails::LldpInput::File(f.clone()),
+            None => rails::LldpInput::Lldpctl(self.lldp_socket.clone()),
+        };
+        let nvidia = match (&self.topo_file, &self.gpu_query_file) {
+            _ if self.sysfs_paths => rails::NvidiaInput::Sysfs,
+            (Some(topo), Some(query)) => rails::NvidiaInput::Files { query: query.clone(), topo: topo.clone() },
+            _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
+        };
+        Ok(rails::Options { lldp, interface_regex, rail_id, nvidia, node_uid: self.node_uid.clone() })
+    }
 }
 
 /// Where the previous record lives (for stable `firstSeen` times).
@@ -116,6 +212,15 @@ pub struct PublishArgs {
     /// 0s disables it.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub expiry: Option<Duration>,
+
+    /// Also write the rail record (as `rails` prints it) to FILE, atomically.
+    /// When it cannot be built the previous file is kept and the pass fails.
+    #[arg(long, value_name = "FILE")]
+    pub rails_file: Option<PathBuf>,
+
+    /// The rail inputs, used with --rails-file.
+    #[command(flatten)]
+    pub rails: RailArgs,
 }
 
 impl PublishArgs {
@@ -200,6 +305,12 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             }
             println!("{}", serde_json::to_string_pretty(&specs)?);
         }
+        Command::Rails(r) => {
+            let options = r.rails.options(cli.nvidia_smi.as_deref())?;
+            let pass = one_pass(cli, r.state_dir.as_deref())?;
+            let record = rail_record(cli, &pass, &options)?;
+            std::io::Write::write_all(&mut std::io::stdout(), &rails::to_bytes(&record))?;
+        }
         Command::Publish(p) => return publish_loop(cli, p),
     }
     Ok(ExitCode::SUCCESS)
@@ -245,5 +356,28 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    cdi
+    let rails = match &args.rails_file {
+        Some(file) => publish_rails(cli, &pass, &args.rails, file),
+        None => Ok(()),
+    };
+    cdi.and(rails)
+}
+
+/// Builds the rail record from a pass.
+fn rail_record(cli: &Cli, pass: &Pass, options: &rails::Options) -> Result<rails::RailRecord> {
+    let root = crate::sysfs::SysRoot::new(&cli.sysfs_root)?;
+    rails::build(&root, &pass.record, options)
+}
+
+/// Writes the rail record to `file` if it changed; on failure the previous file stays.
+fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: &Path) -> Result<()> {
+    let record = args
+        .options(cli.nvidia_smi.as_deref())
+        .and_then(|o| rail_record(cli, pass, &o))
+        .with_context(|| format!("rail record not built; previous {} kept", file.display()))?;
+    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = file.file_name().and_then(|n| n.to_str()).with_context(|| format!("--rails-file {} has no file name", file.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
+    Ok(())
 }

@@ -17,3 +17,4 @@ pub mod publish;
 pub mod record;
 pub mod sysfs;
 pub mod plugin;
+pub mod rails;

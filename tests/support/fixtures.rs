@@ -199,6 +199,12 @@ pub fn nic_name(bus: u32) -> String {
 /// four pairs per socket, two storage NICs on their own root ports, an
 /// onboard management NIC with no bridge at all, and loopback.
 pub fn gpu8_switch_paired(dir: &Path) -> Tree {
+    gpu8_named(dir, |_, bus| nic_name(bus))
+}
+
+/// [`gpu8_switch_paired`] with the eight GPU-paired NICs named by
+/// `name(i, bus)` (rail tests name them like rail ports).
+pub fn gpu8_named(dir: &Path, name: impl Fn(u32, u32) -> String) -> Tree {
     let t = Tree::new(dir);
     t.rdma_cm();
     for i in 0..8u32 {
@@ -212,7 +218,7 @@ pub fn gpu8_switch_paired(dir: &Path) -> Tree {
         // the GPU's HDMI-audio function is not an accelerator
         let nic_chain = [rp.as_str(), usp.as_str(), &addr(b + 1, 1, 0), &addr(b + 3, 0, 0)];
         let nic = t.pci(&nic_chain, MELLANOX, 0x1021, CLASS_ETH, numa);
-        t.netdev(&nic, &nic_name(b + 3), 9000, true);
+        t.netdev(&nic, &name(i, b + 3), 9000, true);
         t.rdma(&nic, &format!("mlx5_{i}"), &[UP]);
     }
     for (j, host) in [(0u32, 0x00u32), (1, 0x80)] {

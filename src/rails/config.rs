@@ -1,0 +1,106 @@
+//! The rail configuration file: the `gpuNicRailMapping` block of a Helm
+//! values file, or the whole values file with that block under
+//! `nodeMetadata.plugins`. Flags given on the command line win over it.
+//!
+//! ```yaml
+//! enabled: true
+//! configMapName: topograph-nic-rails        # used by a cluster publisher, not here
+//! railSource:
+//!   name: host-lldp
+//!   hostLLDP:
+//!     interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'
+//!     railID: 'rail$1'
+//! gpuSource:                                # cluster-side; accepted and not used here
+//!   gpuOperatorNamespace: gpu-operator
+//!   daemonSet: nvidia-device-plugin-daemonset
+//! ```
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::Path;
+
+/// The `gpuNicRailMapping` block.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RailConfig {
+    /// Whether the mapping runs at all; `false` makes `rails` refuse to run.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The cluster ConfigMap a publisher patches (not used node-locally).
+    #[serde(default)]
+    pub config_map_name: Option<String>,
+    /// Where rails come from.
+    pub rail_source: RailSource,
+    /// Where a cluster deployment finds nvidia-smi (not used node-locally:
+    /// `nodefabric` runs nvidia-smi on its own node).
+    #[serde(default)]
+    pub gpu_source: Option<GpuSourceConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `railSource`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RailSource {
+    /// Only `host-lldp` exists.
+    pub name: String,
+    /// The host-lldp settings.
+    #[serde(rename = "hostLLDP", default)]
+    pub host_lldp: Option<HostLldp>,
+}
+
+/// `railSource.hostLLDP`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLldp {
+    /// The rail-interface regular expression.
+    #[serde(rename = "interfaceRegex")]
+    pub interface_regex: String,
+    /// The rail ID template (`rail$1`).
+    #[serde(rename = "railID")]
+    pub rail_id: String,
+}
+
+/// `gpuSource` (cluster-side settings, accepted for a shared values file).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuSourceConfig {
+    /// The GPU Operator's namespace.
+    #[serde(default)]
+    pub gpu_operator_namespace: Option<String>,
+    /// The DaemonSet whose pod runs nvidia-smi.
+    #[serde(default)]
+    pub daemon_set: Option<String>,
+}
+
+impl RailConfig {
+    /// Parses a config file's text; `path` only names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<RailConfig> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).with_context(|| format!("{}: not YAML", path.display()))?;
+        // A whole values file: take the plugin's block.
+        let block = match value.pointer("/nodeMetadata/plugins/gpuNicRailMapping") {
+            Some(b) => b.clone(),
+            None if value.get("nodeMetadata").is_some() => {
+                bail!("{}: nodeMetadata has no plugins.gpuNicRailMapping block", path.display())
+            }
+            None => value,
+        };
+        let config: RailConfig = serde_json::from_value(block).with_context(|| format!("{}: invalid rail configuration", path.display()))?;
+        match config.rail_source.name.as_str() {
+            super::HOST_LLDP => {}
+            "xplane" => bail!("{}: railSource xplane is not supported (no API gives host PCI identity yet)", path.display()),
+            other => bail!("{}: unknown railSource {other:?} (only host-lldp exists)", path.display()),
+        }
+        Ok(config)
+    }
+
+    /// Reads and parses a config file.
+    pub fn read(path: &Path) -> Result<RailConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        RailConfig::parse(&text, path)
+    }
+}

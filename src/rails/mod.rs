@@ -1,0 +1,281 @@
+//! The GPU-to-NIC rail record: for every GPU and every network rail, the
+//! closest NICs. Node-local; a cluster-wide publisher can patch each record
+//! into a shared ConfigMap keyed by node name.
+//!
+//! Rails come from a rail source (`host-lldp`: interfaces with an LLDP
+//! neighbour, named by a regular expression); GPU-to-NIC path classes come
+//! from `nvidia-smi topo -m` where it is present, and from the node record's
+//! PCIe walk otherwise (and always for non-NVIDIA accelerators).
+
+pub mod config;
+pub mod lldp;
+pub mod nvsmi;
+pub mod select;
+
+use crate::pci::{self, Coordinates, Distance};
+use crate::record::NodeRecord;
+use crate::sysfs::{self, SysRoot};
+use anyhow::{bail, Context, Result};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+
+pub use select::{GpuPaths, SelectError};
+
+/// The record format's version; bumped on any incompatible change.
+pub const RECORD_VERSION: &str = "rails.nodefabric.gpustack.ai/v1";
+
+/// The only rail source implemented.
+pub const HOST_LLDP: &str = "host-lldp";
+
+/// The rail record `nodefabric rails` prints and `publish --rails-file` writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailRecord {
+    /// [`RECORD_VERSION`].
+    pub version: String,
+    /// The Node object's UID, so a cluster publisher can tell a replaced node
+    /// with a reused name; empty when not given.
+    #[serde(rename = "nodeUID")]
+    pub node_uid: String,
+    /// The rail source's name (`host-lldp`).
+    pub rail_source: String,
+    /// NIC PCI address → the rails it is on.
+    pub nics: BTreeMap<String, Vec<String>>,
+    /// Every GPU with its preferred NICs per rail, sorted by PCI address;
+    /// empty when no rail was found.
+    pub gpus: Vec<GpuRails>,
+}
+
+/// One GPU's preferred NICs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRails {
+    /// The GPU's PCI address, normalised.
+    pub pci_bus_id: String,
+    /// `GPU-…` where nvidia-smi gave it; absent from the sysfs view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Which source gave the path classes.
+    pub source: GpuSource,
+    /// Rail ID → the NICs tied at the closest class.
+    pub rails: BTreeMap<String, RailChoice>,
+}
+
+/// The NICs chosen for one GPU on one rail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailChoice {
+    /// The closest class found.
+    pub path_class: Distance,
+    /// Every NIC at that class, sorted by PCI address.
+    pub nics: Vec<String>,
+}
+
+/// Where a GPU's path classes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuSource {
+    /// `nvidia-smi topo -m`.
+    NvidiaSmi,
+    /// The node record's PCIe walk.
+    Sysfs,
+}
+
+impl std::fmt::Display for GpuSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuSource::NvidiaSmi => "nvidia-smi topo -m",
+            GpuSource::Sysfs => "sysfs PCIe walk",
+        })
+    }
+}
+
+/// Where the LLDP neighbour table comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LldpInput {
+    /// Run `lldpctl -f json`, against this socket when given.
+    Lldpctl(Option<PathBuf>),
+    /// A saved `lldpctl -f json` output.
+    File(PathBuf),
+}
+
+/// Where NVIDIA path classes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvidiaInput {
+    /// Run this `nvidia-smi` (or the one on PATH); its absence means sysfs.
+    Command(Option<PathBuf>),
+    /// Saved `--query-gpu=index,uuid,pci.bus_id --format=csv,noheader` and `topo -m` outputs.
+    Files {
+        /// The query CSV.
+        query: PathBuf,
+        /// The matrix.
+        topo: PathBuf,
+    },
+    /// Ignore nvidia-smi; use the PCIe walk for every GPU.
+    Sysfs,
+}
+
+/// Everything a rail pass needs besides the node record.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The LLDP input.
+    pub lldp: LldpInput,
+    /// Rail interfaces; capture groups feed the template.
+    pub interface_regex: Regex,
+    /// The rail ID template, `$1`-style (`rail$1`).
+    pub rail_id: String,
+    /// The NVIDIA input.
+    pub nvidia: NvidiaInput,
+    /// The Node object's UID, if known.
+    pub node_uid: String,
+}
+
+/// Builds the rail record for a node.
+pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<RailRecord> {
+    let lldp_json = match &opts.lldp {
+        LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref())?,
+        LldpInput::File(path) => lldp::read_json(path)?,
+    };
+    let ifaces = lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
+    let nic_rails = nic_rails(root, &ifaces, &opts.interface_regex, &opts.rail_id)?;
+    let mut out = RailRecord {
+        version: RECORD_VERSION.into(),
+        node_uid: opts.node_uid.clone(),
+        rail_source: HOST_LLDP.into(),
+        nics: nic_rails.iter().map(|(k, v)| (k.clone(), v.iter().cloned().collect())).collect(),
+        gpus: Vec::new(),
+    };
+    if nic_rails.is_empty() {
+        return Ok(out); // an empty rail result is a valid, empty record
+    }
+    let gpus = gpu_paths(root, record, &nic_rails, &opts.nvidia)?;
+    out.gpus = select::select(&nic_rails, &gpus)?;
+    Ok(out)
+}
+
+/// NIC PCI address → rail IDs, for every interface matching `re`.
+pub fn nic_rails(root: &SysRoot, ifaces: &BTreeSet<String>, re: &Regex, template: &str) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for iface in ifaces {
+        let Some(caps) = re.captures(iface) else { continue };
+        let mut rail = String::new();
+        caps.expand(template, &mut rail);
+        if rail.is_empty() {
+            bail!("interface {iface}: rail template {template:?} expands to an empty rail ID");
+        }
+        let pci = device_pci(root, &format!("class/net/{iface}/device"))
+            .with_context(|| format!("rail {rail}: interface {iface} has no PCI device"))?;
+        out.entry(pci).or_default().insert(rail);
+    }
+    Ok(out)
+}
+
+/// The normalised PCI address a sysfs `device` link points at.
+fn device_pci(root: &SysRoot, link: &str) -> Result<String> {
+    let target = root.resolve(link).with_context(|| format!("resolving {link}"))?;
+    let name = sysfs::basename(&target);
+    pci::normalize(name).with_context(|| format!("{link} points at {target}, not a PCI device"))
+}
+
+/// Every GPU's paths to NICs, from nvidia-smi where present and the PCIe walk otherwise.
+fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, BTreeSet<String>>, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
+    let smi = nvidia_smi_view(root, record, input)?;
+    let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
+    let mut out = smi;
+    for acc in record.accelerators() {
+        if covered.contains(&acc.pci_bus_id) {
+            continue;
+        }
+        let acc_c = Coordinates { address: Some(&acc.pci_bus_id), bridges: Some(&acc.topology.pci_switches), numa: acc.numa };
+        let mut paths = BTreeMap::new();
+        for nic in nic_rails.keys() {
+            let class = record
+                .endpoints()
+                .into_iter()
+                .find(|(ep, _)| ep.pci_bus_id.as_deref() == Some(nic.as_str()))
+                .map(|(ep, parent)| {
+                    let nic_c = Coordinates {
+                        address: ep.pci_bus_id.as_deref(),
+                        bridges: ep.topology.as_ref().map(|t| t.pci_switches.as_slice()),
+                        numa: ep.effective_numa(parent),
+                    };
+                    pci::distance(acc_c, nic_c)
+                })
+                .unwrap_or(Distance::Unk);
+            paths.insert(nic.clone(), class.as_str().to_string());
+        }
+        out.push(GpuPaths { pci_bus_id: acc.pci_bus_id.clone(), uuid: None, source: GpuSource::Sysfs, paths });
+    }
+    Ok(out)
+}
+
+/// The GPUs nvidia-smi reports, with paths keyed by NIC PCI address; empty
+/// when nvidia-smi is not used or not installed.
+fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
+    let (query, topo) = match input {
+        NvidiaInput::Sysfs => return Ok(Vec::new()),
+        NvidiaInput::Files { query, topo } => (
+            std::fs::read_to_string(query).with_context(|| format!("reading {}", query.display()))?,
+            std::fs::read_to_string(topo).with_context(|| format!("reading {}", topo.display()))?,
+        ),
+        NvidiaInput::Command(bin) => {
+            let has_nvidia = record.accelerators().any(|a| a.manufacturer == "nvidia");
+            if bin.is_none() && !has_nvidia {
+                return Ok(Vec::new());
+            }
+            let bin = bin.clone().unwrap_or_else(|| PathBuf::from("nvidia-smi"));
+            let Some(query) = run_nvidia_smi(&bin, &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"])? else {
+                tracing::info!("{} not found: GPU paths come from the PCIe walk", bin.display());
+                return Ok(Vec::new());
+            };
+            let topo = run_nvidia_smi(&bin, &["topo", "-m"])?.unwrap_or_default();
+            (query, topo)
+        }
+    };
+    let ids = nvsmi::parse_query(&query)?;
+    let topo = nvsmi::parse_topo(&topo)?;
+    let mut out = Vec::new();
+    for id in ids {
+        let row = topo
+            .gpu_to_nic
+            .get(&id.index)
+            .with_context(|| format!("GPU{} ({}) is in --query-gpu but has no row in topo -m", id.index, id.pci_bus_id))?;
+        let mut paths = BTreeMap::new();
+        for (nic, class) in row {
+            // A NIC alias that does not resolve is on no discovered rail either: ignored.
+            if let Ok(pci) = device_pci(root, &format!("class/infiniband/{nic}/device")) {
+                paths.insert(pci, class.clone());
+            }
+        }
+        out.push(GpuPaths { pci_bus_id: id.pci_bus_id, uuid: Some(id.uuid), source: GpuSource::NvidiaSmi, paths });
+    }
+    Ok(out)
+}
+
+/// Runs nvidia-smi; `Ok(None)` when the binary does not exist.
+fn run_nvidia_smi(bin: &std::path::Path, args: &[&str]) -> Result<Option<String>> {
+    match Command::new(bin).args(args).output() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("running {}", bin.display())),
+        Ok(o) if !o.status.success() => bail!(
+            "{} {} failed ({}): {}",
+            bin.display(),
+            args.join(" "),
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Ok(o) => Ok(Some(String::from_utf8_lossy(&o.stdout).into_owned())),
+    }
+}
+
+/// The record as published: JSON with every object's keys sorted, and a trailing newline.
+pub fn to_bytes(record: &RailRecord) -> Vec<u8> {
+    // serde_json's Value keeps keys in a BTreeMap, so a round trip sorts them.
+    let value = serde_json::to_value(record).expect("record serialises");
+    let mut s = serde_json::to_string_pretty(&value).expect("value serialises");
+    s.push('\n');
+    s.into_bytes()
+}
