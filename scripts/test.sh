@@ -10,6 +10,9 @@ command -v jq >/dev/null || need+=(jq)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || need+=(busybox-static)
+# the rail-source test runs a real lldpd in network namespaces joined by veths
+command -v lldpd >/dev/null || need+=(lldpd)
+command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2
