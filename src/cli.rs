@@ -33,6 +33,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "nvidia_smi_q")]
     pub nvidia_smi: Option<PathBuf>,
 
+    /// NVIDIA fabric: read NVML from this library only (by default NVML is
+    /// tried from libnvidia-ml.so.1 and, where it is absent, `nvidia-smi -q`).
+    #[arg(long, global = true, value_name = "PATH", conflicts_with_all = ["nvidia_smi", "nvidia_smi_q"])]
+    pub nvml_lib: Option<PathBuf>,
+
     /// NVIDIA fabric: read a saved `nvidia-smi -q` text instead of running it.
     #[arg(long, global = true, value_name = "FILE")]
     pub nvidia_smi_q: Option<PathBuf>,
@@ -263,10 +268,11 @@ pub fn run(cli: &Cli) -> ExitCode {
 impl Cli {
     /// The fabric inputs named on the command line.
     pub fn fabric_sources(&self) -> fabric::Sources {
-        let nvidia = match (&self.nvidia_smi_q, &self.nvidia_smi) {
-            (Some(f), _) => fabric::NvidiaSource::File(f.clone()),
-            (None, Some(b)) => fabric::NvidiaSource::Command(b.clone()),
-            (None, None) => fabric::NvidiaSource::Auto,
+        let nvidia = match (&self.nvidia_smi_q, &self.nvidia_smi, &self.nvml_lib) {
+            (Some(f), _, _) => fabric::NvidiaSource::File(f.clone()),
+            (None, Some(b), _) => fabric::NvidiaSource::Command(b.clone()),
+            (None, None, Some(lib)) => fabric::NvidiaSource::Nvml(lib.clone()),
+            (None, None, None) => fabric::NvidiaSource::Auto,
         };
         fabric::Sources { nvidia, ascend: self.ascend_fabric.clone() }
     }

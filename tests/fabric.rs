@@ -116,6 +116,17 @@ fn nvidia_unreadable_keeps_previous_fabric() {
     // nvidia-smi cannot run: the domain label stays
     let again = publish(&["--nvidia-smi", "/nonexistent/nvidia-smi"]);
     assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
+    // NVML asked for and absent (no driver on this machine): the domain label stays too,
+    // and the inventory says why.
+    let again = publish(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
+    let inv = ok(nodefabric(&["inventory", "--sysfs-root", sys.path().to_str().unwrap(), "--state-dir", sd.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]));
+    assert!(inv.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)") && inv.contains("previous answer kept"), "{inv}");
+    // A library that loads but is not NVML (no nvmlInit symbol): the same, never a crash.
+    if let Some(libm) = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6"].into_iter().find(|p| std::path::Path::new(p).exists()) {
+        let again = publish(&["--nvml-lib", libm]);
+        assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
+    }
     // a readable answer that says "not registered" removes it
     fs::write(&q, fixtures::nvsmi_q(|_| ("In Progress", "N/A", "0", ZERO))).unwrap();
     let gone = publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
@@ -237,4 +248,26 @@ fn cambricon_has_no_domain() {
     let o = nodefabric(&["preflight", "--sysfs-root", dir.path().to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("cambricon") && out.contains("reports no domain identity"), "{out}");
+}
+
+#[test]
+fn without_nvml_the_default_falls_back_to_nvidia_smi_on_path() {
+    // No libnvidia-ml here, so the default source must reach nvidia-smi -q on PATH.
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    fixtures::gpu8_switch_paired(&sys);
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    let q = dir.path().join("q.txt");
+    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "3", UUID))).unwrap();
+    let fake = bin.join("nvidia-smi");
+    fs::write(&fake, format!("#!/bin/sh\n[ \"$1\" = -q ] && exec /bin/cat {}\nexit 9\n", q.display())).unwrap();
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["features", "--sysfs-root", sys.to_str().unwrap()])
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let f = ok(o);
+    assert_eq!(label(&f, "fabric.domain").as_deref(), Some("nvlink-5b0e112233445566778899aabbccddef-3"));
 }

@@ -8,19 +8,24 @@
 
 pub mod ascend;
 pub mod nvidia;
+pub mod nvml;
 
 use crate::labels::{sanitize_value, LabelSet};
 use crate::record::{Fabric, NodeRecord};
 use crate::sysfs::SysRoot;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// Where the NVIDIA fabric answer comes from.
 #[derive(Debug, Clone, Default)]
 pub enum NvidiaSource {
-    /// Run `nvidia-smi -q` from PATH when the node has NVIDIA GPUs.
+    /// NVML from the default library; where it cannot be loaded, `nvidia-smi
+    /// -q` from PATH.
     #[default]
     Auto,
+    /// NVML from this library only; a failure to load it is an unreadable answer.
+    Nvml(PathBuf),
     /// Run this `nvidia-smi` binary.
     Command(PathBuf),
     /// Read a saved `nvidia-smi -q` text.
@@ -36,6 +41,23 @@ pub struct Sources {
     pub ascend: Option<PathBuf>,
 }
 
+/// Every NVIDIA GPU's Fabric block, keyed by PCI address, from the chosen source.
+fn nvidia_blocks(source: &NvidiaSource) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
+    let from_text = |source: &NvidiaSource| nvidia_text(source).and_then(|t| nvidia::parse(&t).map_err(|e| e.to_string()));
+    match source {
+        NvidiaSource::Auto => match nvml::read(None) {
+            Ok(blocks) => Ok(blocks),
+            Err(e @ nvml::NvmlError::Unavailable { .. }) => {
+                debug!("{e}; reading nvidia-smi -q instead");
+                from_text(source)
+            }
+            Err(e) => Err(e.to_string()),
+        },
+        NvidiaSource::Nvml(lib) => nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string()),
+        _ => from_text(source),
+    }
+}
+
 fn nvidia_text(source: &NvidiaSource) -> Result<String, String> {
     let run = |bin: &std::path::Path| {
         let o = std::process::Command::new(bin)
@@ -48,7 +70,7 @@ fn nvidia_text(source: &NvidiaSource) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     };
     match source {
-        NvidiaSource::Auto => run(std::path::Path::new("nvidia-smi")),
+        NvidiaSource::Auto | NvidiaSource::Nvml(_) => run(std::path::Path::new("nvidia-smi")),
         NvidiaSource::Command(bin) => run(bin),
         NvidiaSource::File(f) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())),
     }
@@ -69,7 +91,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
     for group in &mut record.spec.groups {
         match group.manufacturer.as_str() {
             "nvidia" => {
-                let parsed = nvidia_text(&sources.nvidia).and_then(|t| nvidia::parse(&t).map_err(|e| e.to_string()));
+                let parsed = nvidia_blocks(&sources.nvidia);
                 for acc in &mut group.accelerators {
                     match &parsed {
                         Ok(blocks) => match blocks.get(&acc.pci_bus_id) {
@@ -77,7 +99,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                                 Ok(f) => acc.topology.fabric = Some(f),
                                 Err(why) => acc.fabric_note = Some(why),
                             },
-                            None => acc.fabric_note = Some("nvidia-smi -q shows no Fabric block for this GPU".into()),
+                            None => acc.fabric_note = Some("the NVIDIA fabric answer has no entry for this GPU".into()),
                         },
                         Err(e) => keep_previous(acc, "NVIDIA", e),
                     }
