@@ -17,10 +17,11 @@ use tracing::{error, info};
 ///
 /// Every command reads the same pass over the sysfs tree, so `preflight`
 /// shows exactly what `publish` would write.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "nodefabric", version, propagate_version = true)]
 pub struct Cli {
-    /// The sysfs tree to read: the live /sys, or a captured copy of one.
+    /// The sysfs tree to read: the live /sys, a copy of one, or a
+    /// `nodefabric capture` archive (.tar.gz), unpacked to a temp folder.
     #[arg(long, global = true, default_value = "/sys", env = "NODEFABRIC_SYSFS_ROOT", value_name = "DIR")]
     pub sysfs_root: PathBuf,
 
@@ -71,7 +72,7 @@ pub fn parse_namespace(s: &str) -> Result<String, String> {
 }
 
 /// The subcommands.
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Print the node record as JSON (`.spec.interfaces[]`, `.spec.groups[]`).
     Inventory(StateArgs),
@@ -94,10 +95,23 @@ pub enum Command {
     Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
+    /// Pack exactly the sysfs files and links one discovery pass reads (and
+    /// nothing else of the host) into a .tar.gz that --sysfs-root reads
+    /// back: attach it to a bug report; maintainers replay it with
+    /// `nodefabric --sysfs-root FILE.tar.gz inventory`.
+    Capture(CaptureArgs),
+}
+
+/// Options of `capture`.
+#[derive(Debug, Clone, Args)]
+pub struct CaptureArgs {
+    /// The archive to write (atomically); `-` writes it to stdout.
+    #[arg(long, value_name = "FILE.tar.gz")]
+    pub out: PathBuf,
 }
 
 /// Options of `rails`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RailsCommand {
     /// Folder holding the last published record; read only by this command.
     #[arg(long, value_name = "DIR")]
@@ -186,7 +200,7 @@ impl RailArgs {
 }
 
 /// Where the previous record lives (for stable `firstSeen` times).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct StateArgs {
     /// Folder holding the last published record; read only by this command.
     #[arg(long, value_name = "DIR")]
@@ -194,7 +208,7 @@ pub struct StateArgs {
 }
 
 /// Options of `publish`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct PublishArgs {
     /// NFD's features.d folder; the file written there is `nodefabric`.
     #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/node-feature-discovery/features.d")]
@@ -254,6 +268,23 @@ pub fn main() -> ExitCode {
 
 /// Runs a parsed command line and maps the outcome to an exit status.
 pub fn run(cli: &Cli) -> ExitCode {
+    // A capture archive given as the tree is unpacked for this run only.
+    let mut cli = cli.clone();
+    let _replay = if crate::capture::is_archive(&cli.sysfs_root) {
+        match crate::capture::unpack(&cli.sysfs_root) {
+            Ok((dir, tree)) => {
+                cli.sysfs_root = tree;
+                Some(dir)
+            }
+            Err(e) => {
+                eprintln!("nodefabric: error: {e:#}");
+                return ExitCode::from(if matches!(cli.command, Command::Preflight(_)) { 2 } else { 1 });
+            }
+        }
+    } else {
+        None
+    };
+    let cli = &cli;
     let preflight = matches!(cli.command, Command::Preflight(_));
     match execute(cli) {
         Ok(code) => code,
@@ -318,6 +349,7 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             std::io::Write::write_all(&mut std::io::stdout(), &rails::to_bytes(&record))?;
         }
         Command::Publish(p) => return publish_loop(cli, p),
+        Command::Capture(c) => capture(cli, c)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -367,6 +399,25 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
         None => Ok(()),
     };
     cdi.and(rails)
+}
+
+/// Runs one pass on a recording tree and packs what it read.
+fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
+    let root = crate::sysfs::SysRoot::recording(&cli.sysfs_root)
+        .with_context(|| format!("opening sysfs tree {}", cli.sysfs_root.display()))?;
+    pass::run_on(&root, None, pass::now()?, &cli.fabric_sources())
+        .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
+    let recorded = root.recorded();
+    let bytes = crate::capture::pack(&recorded)?;
+    if args.out.as_os_str() == "-" {
+        std::io::Write::write_all(&mut std::io::stdout(), &bytes)?;
+        return Ok(());
+    }
+    let dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = args.out.file_name().and_then(|n| n.to_str()).with_context(|| format!("--out {} has no file name", args.out.display()))?;
+    let path = publish::write_atomic(dir, name, &bytes)?;
+    eprintln!("captured {} entries into {} ({} bytes)", recorded.len(), path.display(), bytes.len());
+    Ok(())
 }
 
 /// Builds the rail record from a pass.

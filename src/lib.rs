@@ -4,6 +4,7 @@
 //! [`record::NodeRecord`]; everything published ([`labels`] through [`nfd`])
 //! is a pure function of that record; [`publish`] is the only code that writes.
 
+pub mod capture;
 pub mod cdi;
 pub mod cli;
 pub mod discover;

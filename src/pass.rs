@@ -34,7 +34,12 @@ pub fn now() -> anyhow::Result<SystemTime> {
 /// Runs discovery on `sysfs_root`, merging `firstSeen` from the record in
 /// `state_dir`, reads the scale-up fabric, and reduces it all to labels.
 pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime, sources: &fabric::Sources) -> Result<Pass, DiscoverError> {
-    let root = SysRoot::new(sysfs_root)?;
+    run_on(&SysRoot::new(sysfs_root)?, state_dir, now, sources)
+}
+
+/// [`run`] on an opened tree (a recording one, for `capture`).
+pub fn run_on(root: &SysRoot, state_dir: Option<&Path>, now: SystemTime, sources: &fabric::Sources) -> Result<Pass, DiscoverError> {
+    let root = root.clone();
     let previous = publish::load_previous(state_dir);
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
     let mut record = discover::discover(&root, previous.as_ref(), &stamp)?;

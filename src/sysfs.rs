@@ -7,9 +7,11 @@
 //! live `/sys`, and what stops a hostile link in a captured tree from making us
 //! read `/etc/shadow`. One attribute read is capped at [`MAX_ATTR_BYTES`].
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// The largest attribute we read; sysfs attributes are a page at most, so a
 /// larger file is not an attribute and is refused rather than truncated.
@@ -58,7 +60,26 @@ impl SysError {
 #[derive(Debug, Clone)]
 pub struct SysRoot {
     root: PathBuf,
+    /// When capturing, every entry a read touched (see [`SysRoot::recording`]).
+    recorder: Option<Arc<Mutex<Recorded>>>,
 }
+
+/// One entry of the tree as a read saw it, keyed by its path under the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A directory that was walked through or listed.
+    Dir,
+    /// A symlink and its target text, exactly as stored.
+    Link(String),
+    /// A file that was read: its bytes, at most one past [`MAX_ATTR_BYTES`]
+    /// so an oversized file stays oversized.
+    File(Vec<u8>),
+    /// A file that was listed or tested for existence but never read: only its name is taken.
+    Placeholder,
+}
+
+/// Everything a recording [`SysRoot`] touched.
+pub type Recorded = BTreeMap<String, Entry>;
 
 impl SysRoot {
     /// Opens a tree; the root itself is canonicalised so that containment
@@ -69,7 +90,78 @@ impl SysRoot {
             path: root.display().to_string(),
             source,
         })?;
-        Ok(SysRoot { root: canonical })
+        Ok(SysRoot { root: canonical, recorder: None })
+    }
+
+    /// The same tree, remembering every entry each read touches, so that
+    /// `capture` can copy exactly what discovery read and nothing else.
+    pub fn recording(root: impl AsRef<Path>) -> Result<Self, SysError> {
+        let mut r = SysRoot::new(root)?;
+        r.recorder = Some(Arc::new(Mutex::new(Recorded::new())));
+        Ok(r)
+    }
+
+    /// What a recording tree has touched so far (empty when not recording).
+    pub fn recorded(&self) -> Recorded {
+        self.recorder.as_ref().map(|r| r.lock().expect("recorder lock").clone()).unwrap_or_default()
+    }
+
+    fn note(&self, path: &Path, entry: Entry) {
+        let Some(rec) = &self.recorder else { return };
+        let key = path.to_string_lossy().into_owned();
+        let mut map = rec.lock().expect("recorder lock");
+        match (map.get(&key), &entry) {
+            // Content wins over a placeholder, never the other way round.
+            (Some(Entry::File(_)), Entry::Placeholder) => {}
+            _ => {
+                map.insert(key, entry);
+            }
+        }
+    }
+
+    /// Records every symlink and directory on the way from the root to `rel`,
+    /// the way the kernel would walk it. Returns the final path (relative)
+    /// when the walk ends on an existing entry inside the root.
+    fn note_chain(&self, rel: &str) -> Option<PathBuf> {
+        self.recorder.as_ref()?;
+        let mut pending: Vec<PathBuf> = Path::new(rel.trim_start_matches('/'))
+            .components()
+            .rev()
+            .map(|c| PathBuf::from(c.as_os_str()))
+            .collect();
+        let mut cur = PathBuf::new();
+        let mut hops = 0;
+        while let Some(c) = pending.pop() {
+            match c.to_str() {
+                Some(".") => continue,
+                Some("..") => {
+                    if !cur.pop() {
+                        return None; // above the root: an escape, nothing more to copy
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let next = cur.join(&c);
+            let meta = fs::symlink_metadata(self.root.join(&next)).ok()?;
+            if meta.file_type().is_symlink() {
+                let target = fs::read_link(self.root.join(&next)).ok()?;
+                self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
+                hops += 1;
+                if target.is_absolute() || hops > 40 {
+                    return None; // the read itself refuses these
+                }
+                pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
+            } else {
+                if meta.is_dir() {
+                    self.note(&next, Entry::Dir);
+                } else if !pending.is_empty() {
+                    return None; // a file in the middle of a path: ENOTDIR
+                }
+                cur = next;
+            }
+        }
+        Some(cur)
     }
 
     /// The canonical root directory.
@@ -80,6 +172,7 @@ impl SysRoot {
     /// Resolves `rel` (relative to the root) through every symlink and returns
     /// the canonical path, relative to the root, with `/` separators.
     pub fn resolve(&self, rel: &str) -> Result<String, SysError> {
+        self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
         Ok(abs
             .strip_prefix(&self.root)
@@ -106,6 +199,7 @@ impl SysRoot {
 
     /// Reads an attribute whole, refusing one over [`MAX_ATTR_BYTES`].
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
+        let walked = self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
         let io = |source| SysError::Io {
             path: rel.to_string(),
@@ -117,6 +211,9 @@ impl SysRoot {
         file.take(MAX_ATTR_BYTES + 1)
             .read_to_end(&mut buf)
             .map_err(io)?;
+        if let Some(path) = walked {
+            self.note(&path, Entry::File(buf.clone()));
+        }
         if buf.len() as u64 > MAX_ATTR_BYTES {
             return Err(SysError::TooLarge {
                 path: rel.to_string(),
@@ -133,6 +230,7 @@ impl SysRoot {
     /// Lists a directory's entry names, sorted, after resolving the
     /// directory's own symlink chain.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
+        let walked = self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
         let io = |source| SysError::Io {
             path: rel.to_string(),
@@ -144,11 +242,34 @@ impl SysRoot {
             names.push(entry.file_name().to_string_lossy().into_owned());
         }
         names.sort();
+        if let Some(dir) = walked {
+            // Listed links and folders must exist on replay, with their type.
+            // Plain files are left out: nothing decides on a listed file's
+            // name alone (the replay test on every fixture holds this), and
+            // their names can be host data too.
+            for name in &names {
+                let path = dir.join(name);
+                match fs::symlink_metadata(self.root.join(&path)) {
+                    Ok(m) if m.file_type().is_symlink() => {
+                        if let Ok(t) = fs::read_link(self.root.join(&path)) {
+                            self.note(&path, Entry::Link(t.to_string_lossy().into_owned()));
+                        }
+                    }
+                    Ok(m) if m.is_dir() => self.note(&path, Entry::Dir),
+                    _ => {}
+                }
+            }
+        }
         Ok(names)
     }
 
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
+        if let Some(end) = self.note_chain(rel) {
+            if fs::metadata(self.root.join(&end)).is_ok_and(|m| m.is_file()) {
+                self.note(&end, Entry::Placeholder);
+            }
+        }
         self.resolve_abs(rel).is_ok()
     }
 }
