@@ -1,0 +1,145 @@
+//! Every manifest in deploy/ is a typed Kubernetes object with no field the
+//! API does not know, and every container names only flags its binary
+//! accepts (parsed with the binaries' own clap parsers), on paths it mounts.
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Namespace, Volume};
+use nodefabric::cli::{Cli, Command};
+use nodefabric::plugin::cli::PluginCli;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+fn yaml(file: &str) -> Value {
+    let text = fs::read_to_string(deploy().join(file)).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// Parses `value` as `T` and checks the typed object serialises back to the
+/// same document: typed parsing alone ignores unknown (or misspelt) keys.
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, value: &Value) -> T {
+    let obj: T = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let back = serde_json::to_value(&obj).unwrap();
+    assert_eq!(&back, value, "{file}: keys the API does not know were dropped in the typed round trip");
+    obj
+}
+
+fn manifests() -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(deploy())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    v.sort();
+    v
+}
+
+fn daemonsets() -> Vec<(String, DaemonSet)> {
+    manifests()
+        .into_iter()
+        .filter_map(|f| {
+            let v = yaml(&f);
+            (v["kind"] == "DaemonSet").then(|| {
+                let ds = typed::<DaemonSet>(&f, &v);
+                (f, ds)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn every_manifest_is_a_typed_object_with_only_known_fields() {
+    for f in manifests() {
+        let v = yaml(&f);
+        match v["kind"].as_str() {
+            Some("DaemonSet") => drop(typed::<DaemonSet>(&f, &v)),
+            Some("Namespace") => drop(typed::<Namespace>(&f, &v)),
+            other => panic!("{f}: unexpected kind {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_kustomization_lists_every_manifest() {
+    let k = yaml("kustomization.yaml");
+    assert_eq!(k["kind"], "Kustomization");
+    let listed: BTreeSet<String> = k["resources"].as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_string()).collect();
+    let present: BTreeSet<String> = manifests().into_iter().collect();
+    assert_eq!(listed, present);
+}
+
+/// True when `path` lies under one of the container's mounts.
+fn mounted(c: &Container, path: &Path) -> bool {
+    c.volume_mounts.iter().flatten().any(|m| path.starts_with(&m.mount_path))
+}
+
+fn host_path<'a>(volumes: &'a [Volume], c: &Container, mount: &Path) -> Option<&'a str> {
+    let m = c.volume_mounts.iter().flatten().find(|m| Path::new(&m.mount_path) == mount)?;
+    volumes.iter().find(|v| v.name == m.name)?.host_path.as_ref().map(|h| h.path.as_str())
+}
+
+#[test]
+fn containers_name_only_flags_the_binaries_accept_on_mounted_paths() {
+    let mut seen = BTreeSet::new();
+    let mut cdi_host_paths = BTreeSet::new();
+    for (file, ds) in daemonsets() {
+        let spec = ds.spec.unwrap().template.spec.unwrap();
+        let volumes = spec.volumes.clone().unwrap_or_default();
+        assert_eq!(spec.priority_class_name.as_deref(), Some("system-node-critical"), "{file}");
+        let tolerations: Vec<String> = spec.tolerations.iter().flatten().filter_map(|t| t.key.clone()).collect();
+        assert!(tolerations.iter().any(|k| k == "nvidia.com/gpu") && tolerations.iter().any(|k| k == "amd.com/gpu"), "{file}");
+        for c in &spec.containers {
+            let sc = c.security_context.as_ref().unwrap_or_else(|| panic!("{file}: no securityContext"));
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{file}");
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{file}");
+            assert_eq!(sc.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_string()]), "{file}");
+            let res = c.resources.as_ref().unwrap();
+            assert!(res.limits.as_ref().is_some_and(|l| l.contains_key("memory")), "{file}: no memory limit");
+            let command = c.command.clone().unwrap();
+            let mut argv = command.clone();
+            argv.extend(c.args.clone().unwrap_or_default());
+            let bin = Path::new(&command[0]).file_name().unwrap().to_str().unwrap().to_string();
+            match bin.as_str() {
+                "nodefabric" => {
+                    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{file}: {argv:?}: {e}"));
+                    assert!(mounted(c, &cli.sysfs_root), "{file}: {} not mounted", cli.sysfs_root.display());
+                    assert_eq!(host_path(&volumes, c, &cli.sysfs_root), Some("/sys"));
+                    let Command::Publish(p) = &cli.command else { panic!("{file}: the agent must run publish") };
+                    assert_eq!(p.interval, Some(std::time::Duration::from_secs(60)));
+                    for dir in [&p.features_dir, &p.cdi_dir, &p.state_dir] {
+                        assert!(mounted(c, dir), "{file}: {} not mounted", dir.display());
+                    }
+                    assert_eq!(host_path(&volumes, c, &p.features_dir), Some("/etc/kubernetes/node-feature-discovery/features.d"));
+                    cdi_host_paths.insert(host_path(&volumes, c, &p.cdi_dir).unwrap().to_string());
+                }
+                "nodefabric-device-plugin" => {
+                    let cli = PluginCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{file}: {argv:?}: {e}"));
+                    for dir in [&cli.kubelet_dir, &cli.cdi_dir] {
+                        assert!(mounted(c, dir), "{file}: {} not mounted", dir.display());
+                    }
+                    assert_eq!(host_path(&volumes, c, &cli.kubelet_dir), Some("/var/lib/kubelet/device-plugins"));
+                    cdi_host_paths.insert(host_path(&volumes, c, &cli.cdi_dir).unwrap().to_string());
+                }
+                other => panic!("{file}: unknown binary {other}"),
+            }
+            seen.insert(bin);
+        }
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["nodefabric", "nodefabric-device-plugin"]);
+    assert_eq!(cdi_host_paths.into_iter().collect::<Vec<_>>(), ["/var/run/cdi"], "both agents share one CDI folder");
+}
+
+#[test]
+fn a_misspelt_field_is_caught() {
+    // The round-trip check is what catches typos; prove it is not vacuous.
+    let mut v = yaml("device-plugin.yaml");
+    v["spec"]["template"]["spec"]["priorityClass"] = "system-node-critical".into();
+    let obj: DaemonSet = serde_json::from_value(v.clone()).unwrap();
+    assert_ne!(serde_json::to_value(&obj).unwrap(), v);
+}
