@@ -120,7 +120,7 @@ impl VerbsIndex {
                 }
                 (ibdev, _) => index.checked.push(format!(
                     "{base} (ibdev: {}, dev: {})",
-                    ibdev.map_or_else(|e| e.to_string(), |v| v),
+                    ibdev.unwrap_or_else(|e| e.to_string()),
                     dev.map_or_else(|e| e.to_string(), |v| format!("{v:?} is not major:minor")),
                 )),
             }

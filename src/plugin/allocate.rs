@@ -61,7 +61,7 @@ pub fn container_response(
             granted.push(ep);
         }
     }
-    granted.sort_by(|a, b| natural(&a.name).cmp(&natural(&b.name)));
+    granted.sort_by_key(|e| natural(&e.name));
     let names: Vec<&str> = granted.iter().map(|e| e.name.as_str()).collect();
     let cdi_names: Vec<String> = granted.iter().map(|e| e.cdi_name.clone()).collect();
     let mut resp = api::ContainerAllocateResponse::default();
@@ -87,6 +87,9 @@ pub fn annotation_key(resource: Resource) -> String {
     format!("{CDI_ANNOTATION_PREFIX}nodefabric_{}", resource.suffix())
 }
 
+/// A token ID and the endpoint it stands for.
+type Candidate<'a> = (String, &'a Endpoint);
+
 /// The preferred IDs for one container (see the module docs for the order).
 pub fn preferred(
     catalog: &Catalog,
@@ -105,12 +108,12 @@ pub fn preferred(
         return out;
     }
     // Candidates: available, ours, not already chosen.
-    let mut cands: Vec<(String, &Endpoint)> = available
+    let mut cands: Vec<Candidate> = available
         .iter()
         .filter(|id| !out.contains(id))
         .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id.clone(), ep)))
         .collect();
-    cands.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
+    cands.sort_by_key(|c| natural(&c.0));
     cands.dedup_by(|a, b| a.0 == b.0);
     let need = size - out.len();
 
@@ -131,7 +134,7 @@ pub fn preferred(
             None => (2, 0, 0),
         }
     };
-    let mut groups: BTreeMap<(u8, i64, i64), Vec<(String, &Endpoint)>> = BTreeMap::new();
+    let mut groups: BTreeMap<(u8, i64, i64), Vec<Candidate>> = BTreeMap::new();
     for c in cands {
         groups.entry(rank(c.1.numa)).or_default().push(c);
     }
@@ -166,7 +169,7 @@ fn anchor_node(catalog: &Catalog, resource: Resource, must_include: &[String]) -
 }
 
 /// Picks shared tokens one at a time onto the least-used endpoint.
-fn spread(group: Vec<(String, &Endpoint)>, counts: &mut HashMap<String, usize>, out: &mut Vec<String>, size: usize) {
+fn spread(group: Vec<Candidate>, counts: &mut HashMap<String, usize>, out: &mut Vec<String>, size: usize) {
     let mut queues: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (id, ep) in group {
         queues.entry(ep.name.as_str()).or_default().push(id);
