@@ -257,12 +257,7 @@ impl PublishArgs {
 /// Parses `std::env::args` and runs; the binary's whole `main`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(cli.log_level)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    crate::logging::init(cli.log_level);
     run(&cli)
 }
 

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod discover;
 pub mod fabric;
 pub mod labels;
+pub mod logging;
 pub mod nfd;
 pub mod pass;
 pub mod pci;

@@ -4,6 +4,8 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/snapshots.rs"]
+mod snapshots;
 
 use serde_json::Value;
 use std::fs;
@@ -92,9 +94,7 @@ fn every_spec_on_every_fixture_is_schema_valid_and_snapshotted() {
     let bad_node = serde_json::json!({"cdiVersion": "0.6.0", "kind": "a/b",
         "devices": [{"name": "x", "containerEdits": {"deviceNodes": [{"major": 1}]}}]});
     assert!(!v.is_valid(&bad_node));
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path("../snapshots");
-    settings.set_prepend_module_to_snapshot(false);
+    let settings = snapshots::settings();
     for (name, build) in FIXTURES {
         let dir = tempfile::tempdir().unwrap();
         build(dir.path());

@@ -3,6 +3,10 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/snapshots.rs"]
+mod snapshots;
+
+use snapshots::settings as snapshot_settings;
 
 use std::fs;
 use std::path::Path;
@@ -28,13 +32,6 @@ fn run_ok(args: &[&str]) -> String {
     let o = nodefabric(args, NOW);
     assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
     stdout(&o)
-}
-
-fn snapshot_settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path("../snapshots");
-    s.set_prepend_module_to_snapshot(false);
-    s
 }
 
 /// The seed's jq recipe for "every RDMA endpoint and its link state".

@@ -3,6 +3,10 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/snapshots.rs"]
+mod snapshots;
+
+use snapshots::settings;
 
 use std::fs;
 use std::process::{Command, Output};
@@ -40,13 +44,6 @@ fn nvidia(fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'s
         nodefabric(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
     (ok(run("features")), ok(run("inventory")), String::from_utf8(run("preflight").stdout).unwrap())
-}
-
-fn settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path("../snapshots");
-    s.set_prepend_module_to_snapshot(false);
-    s
 }
 
 #[test]

@@ -4,6 +4,10 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/snapshots.rs"]
+mod snapshots;
+
+use snapshots::settings;
 
 use nodefabric::rails::{lldp, nvsmi};
 use serde_json::{json, Value};
@@ -17,13 +21,6 @@ fn data(rel: &str) -> PathBuf {
 
 fn text(rel: &str) -> String {
     fs::read_to_string(data(rel)).unwrap()
-}
-
-fn settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path("../snapshots");
-    s.set_prepend_module_to_snapshot(false);
-    s
 }
 
 // ---- nvidia-smi parsers ----------------------------------------------------
