@@ -160,9 +160,19 @@ pub struct RailArgs {
     pub sysfs_paths: bool,
 
     /// The Node object's UID, recorded so a cluster publisher can tell a
-    /// replaced node that reuses a name.
+    /// replaced node that reuses a name. In a cluster (KUBERNETES_SERVICE_HOST
+    /// set) with --node-name, it is read from the Node object instead.
     #[arg(long, value_name = "UID", env = "NODEFABRIC_NODE_UID", default_value = "")]
     pub node_uid: String,
+
+    /// This node's name, for reading its UID in-cluster (set NODE_NAME from
+    /// the downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// The service-account folder (token, ca.crt) for the in-cluster Node read.
+    #[arg(long, value_name = "DIR", default_value = rails::node::SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
 }
 
 impl RailArgs {
@@ -195,7 +205,13 @@ impl RailArgs {
             (Some(topo), Some(query)) => rails::NvidiaInput::Files { query: query.clone(), topo: topo.clone() },
             _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
         };
-        Ok(rails::Options { lldp, interface_regex, rail_id, nvidia, node_uid: self.node_uid.clone() })
+        let node_uid = match (&self.node_name, rails::node::api_server_from_env()) {
+            _ if !self.node_uid.is_empty() => self.node_uid.clone(),
+            (Some(name), Some(server)) => rails::node::uid(&server, &self.service_account_dir, name)
+                .with_context(|| format!("reading Node {name}'s UID"))?,
+            _ => String::new(),
+        };
+        Ok(rails::Options { lldp, interface_regex, rail_id, nvidia, node_uid })
     }
 }
 

@@ -4,7 +4,8 @@
 
 use clap::Parser;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Namespace, Volume};
+use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount, Volume};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use nodefabric::cli::{Cli, Command};
 use nodefabric::plugin::cli::PluginCli;
 use serde_json::Value;
@@ -60,6 +61,9 @@ fn every_manifest_is_a_typed_object_with_only_known_fields() {
         match v["kind"].as_str() {
             Some("DaemonSet") => drop(typed::<DaemonSet>(&f, &v)),
             Some("Namespace") => drop(typed::<Namespace>(&f, &v)),
+            Some("ServiceAccount") => drop(typed::<ServiceAccount>(&f, &v)),
+            Some("ClusterRole") => drop(typed::<ClusterRole>(&f, &v)),
+            Some("ClusterRoleBinding") => drop(typed::<ClusterRoleBinding>(&f, &v)),
             other => panic!("{f}: unexpected kind {other:?}"),
         }
     }
@@ -116,6 +120,11 @@ fn containers_name_only_flags_the_binaries_accept_on_mounted_paths() {
                         assert!(mounted(c, dir), "{file}: {} not mounted", dir.display());
                     }
                     assert_eq!(host_path(&volumes, c, &p.features_dir), Some("/etc/kubernetes/node-feature-discovery/features.d"));
+                    // The in-cluster Node read: NODE_NAME from the downward API, under an account allowed to get nodes.
+                    let node_name = c.env.iter().flatten().find(|e| e.name == "NODE_NAME").expect("NODE_NAME env");
+                    let field = node_name.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
+                    assert_eq!(field, Some("spec.nodeName"));
+                    assert_eq!(spec.service_account_name.as_deref(), Some("nodefabric"));
                     cdi_host_paths.insert(host_path(&volumes, c, &p.cdi_dir).unwrap().to_string());
                 }
                 "nodefabric-device-plugin" => {
@@ -142,4 +151,18 @@ fn a_misspelt_field_is_caught() {
     v["spec"]["template"]["spec"]["priorityClass"] = "system-node-critical".into();
     let obj: DaemonSet = serde_json::from_value(v.clone()).unwrap();
     assert_ne!(serde_json::to_value(&obj).unwrap(), v);
+}
+
+#[test]
+fn the_publisher_account_may_get_nodes_and_nothing_else() {
+    let sa: ServiceAccount = typed("serviceaccount.yaml", &yaml("serviceaccount.yaml"));
+    let role: ClusterRole = typed("clusterrole.yaml", &yaml("clusterrole.yaml"));
+    let binding: ClusterRoleBinding = typed("clusterrolebinding.yaml", &yaml("clusterrolebinding.yaml"));
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources.as_deref(), Some(&["nodes".to_string()][..]));
+    assert_eq!(rules[0].verbs, ["get"]);
+    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), (sa.metadata.name.as_deref().unwrap(), sa.metadata.namespace.as_deref()));
 }

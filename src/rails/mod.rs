@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod lldp;
+pub mod node;
 pub mod nvsmi;
 pub mod select;
 
