@@ -30,7 +30,8 @@ pub struct Cli {
     #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS", value_parser = parse_namespace)]
     pub label_namespace: String,
 
-    /// NVIDIA fabric: run this nvidia-smi binary (`-q`) instead of the one on PATH.
+    /// The nvidia-smi to run instead of the one on PATH: `-q` for the NVLink
+    /// fabric, `--query-gpu` and `topo -m` for rails.
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "nvidia_smi_q")]
     pub nvidia_smi: Option<PathBuf>,
 
@@ -92,6 +93,7 @@ pub enum Command {
     /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
     /// naming the rail and GPU, on an unknown path class or a rail with no
     /// qualified NIC.
+    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths")]
     Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
