@@ -52,6 +52,21 @@ pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
         .collect()
 }
 
+/// How long after sending a list its freed buffers are handed back (by then
+/// the message has been encoded and written).
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Hands the heap pages freed after a large list (built, encoded, dropped)
+/// back to the OS, so the plugin idles near what its catalog needs.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only walks the allocator's
+    // own free lists and may be called from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A fingerprint of a device list, to skip resending an unchanged one.
 fn digest(devices: &[api::Device]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -86,6 +101,7 @@ impl DevicePlugin for ResourceService {
             // Only a digest of the last list is kept: a shared list can hold
             // tens of thousands of tokens, and idle memory is the budget.
             let mut last: Option<u64> = None;
+            let mut trim_pending = false;
             loop {
                 let devices = device_list(&catalog.borrow_and_update(), resource);
                 let digest = digest(&devices);
@@ -96,11 +112,18 @@ impl DevicePlugin for ResourceService {
                         return;
                     }
                     last = Some(digest);
+                    trim_pending = true;
                 }
-                tokio::select! {
-                    changed = catalog.changed() => if changed.is_err() { return },
-                    _ = stop.wait_for(|s| *s) => return,
-                    _ = tx.closed() => return,
+                loop {
+                    tokio::select! {
+                        changed = catalog.changed() => if changed.is_err() { return } else { break },
+                        _ = stop.wait_for(|s| *s) => return,
+                        _ = tx.closed() => return,
+                        _ = tokio::time::sleep(TRIM_AFTER), if trim_pending => {
+                            trim_pending = false;
+                            release_freed_memory();
+                        }
+                    }
                 }
             }
         });
