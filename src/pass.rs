@@ -39,11 +39,10 @@ pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime, sources
 
 /// [`run`] on an opened tree (a recording one, for `capture`).
 pub fn run_on(root: &SysRoot, state_dir: Option<&Path>, now: SystemTime, sources: &fabric::Sources) -> Result<Pass, DiscoverError> {
-    let root = root.clone();
     let previous = publish::load_previous(state_dir);
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let mut record = discover::discover(&root, previous.as_ref(), &stamp)?;
-    fabric::apply(&root, &mut record, sources, previous.as_ref());
+    let mut record = discover::discover(root, previous.as_ref(), &stamp)?;
+    fabric::apply(root, &mut record, sources, previous.as_ref());
     let mut labels = labels::rdma_labels(&record);
     let fabric_labels = fabric::labels(&record);
     labels.values.extend(fabric_labels.values);

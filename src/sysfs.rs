@@ -74,7 +74,7 @@ pub enum Entry {
     /// A file that was read: its bytes, at most one past [`MAX_ATTR_BYTES`]
     /// so an oversized file stays oversized.
     File(Vec<u8>),
-    /// A file that was listed or tested for existence but never read: only its name is taken.
+    /// A file that was tested for existence but never read: only its name is taken.
     Placeholder,
 }
 
@@ -119,11 +119,15 @@ impl SysRoot {
         }
     }
 
+    /// True while capturing: the recording calls cost syscalls, so they are
+    /// skipped entirely otherwise.
+    fn recording_on(&self) -> bool {
+        self.recorder.is_some()
+    }
+
     /// Records every symlink and directory on the way from the root to `rel`,
-    /// the way the kernel would walk it. Returns the final path (relative)
-    /// when the walk ends on an existing entry inside the root.
-    fn note_chain(&self, rel: &str) -> Option<PathBuf> {
-        self.recorder.as_ref()?;
+    /// the way the kernel would walk it, up to where the walk stops.
+    fn note_chain(&self, rel: &str) {
         let mut pending: Vec<PathBuf> = Path::new(rel.trim_start_matches('/'))
             .components()
             .rev()
@@ -131,37 +135,43 @@ impl SysRoot {
             .collect();
         let mut cur = PathBuf::new();
         let mut hops = 0;
+        // Each `return` below is a walk the read itself refuses or fails on;
+        // what was walked until then is all a replay needs to fail the same way.
         while let Some(c) = pending.pop() {
             match c.to_str() {
                 Some(".") => continue,
                 Some("..") => {
                     if !cur.pop() {
-                        return None; // above the root: an escape, nothing more to copy
+                        return; // above the root: an escape
                     }
                     continue;
                 }
                 _ => {}
             }
             let next = cur.join(&c);
-            let meta = fs::symlink_metadata(self.root.join(&next)).ok()?;
+            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return };
             if meta.file_type().is_symlink() {
-                let target = fs::read_link(self.root.join(&next)).ok()?;
+                let Ok(target) = fs::read_link(self.root.join(&next)) else { return };
                 self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
                 hops += 1;
                 if target.is_absolute() || hops > 40 {
-                    return None; // the read itself refuses these
+                    return;
                 }
                 pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
             } else {
                 if meta.is_dir() {
                     self.note(&next, Entry::Dir);
                 } else if !pending.is_empty() {
-                    return None; // a file in the middle of a path: ENOTDIR
+                    return; // a file in the middle of a path: ENOTDIR
                 }
                 cur = next;
             }
         }
-        Some(cur)
+    }
+
+    /// `abs` (inside the root, as [`Self::resolve_abs`] returns it) relative to the root.
+    fn relative<'a>(&self, abs: &'a Path) -> &'a Path {
+        abs.strip_prefix(&self.root).expect("resolve_abs checked containment")
     }
 
     /// The canonical root directory.
@@ -172,16 +182,16 @@ impl SysRoot {
     /// Resolves `rel` (relative to the root) through every symlink and returns
     /// the canonical path, relative to the root, with `/` separators.
     pub fn resolve(&self, rel: &str) -> Result<String, SysError> {
-        self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
-        Ok(abs
-            .strip_prefix(&self.root)
-            .expect("resolve_abs checked containment")
-            .to_string_lossy()
-            .into_owned())
+        Ok(self.relative(&abs).to_string_lossy().into_owned())
     }
 
+    /// The one place every access resolves a path, and so the one place a
+    /// capture records the links and folders on the way.
     fn resolve_abs(&self, rel: &str) -> Result<PathBuf, SysError> {
+        if self.recording_on() {
+            self.note_chain(rel);
+        }
         let joined = self.root.join(rel.trim_start_matches('/'));
         let target = fs::canonicalize(&joined).map_err(|source| SysError::Io {
             path: rel.to_string(),
@@ -199,7 +209,6 @@ impl SysRoot {
 
     /// Reads an attribute whole, refusing one over [`MAX_ATTR_BYTES`].
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
-        let walked = self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
         let io = |source| SysError::Io {
             path: rel.to_string(),
@@ -211,8 +220,8 @@ impl SysRoot {
         file.take(MAX_ATTR_BYTES + 1)
             .read_to_end(&mut buf)
             .map_err(io)?;
-        if let Some(path) = walked {
-            self.note(&path, Entry::File(buf.clone()));
+        if self.recording_on() {
+            self.note(self.relative(&abs), Entry::File(buf.clone()));
         }
         if buf.len() as u64 > MAX_ATTR_BYTES {
             return Err(SysError::TooLarge {
@@ -230,7 +239,6 @@ impl SysRoot {
     /// Lists a directory's entry names, sorted, after resolving the
     /// directory's own symlink chain.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
-        let walked = self.note_chain(rel);
         let abs = self.resolve_abs(rel)?;
         let io = |source| SysError::Io {
             path: rel.to_string(),
@@ -242,7 +250,8 @@ impl SysRoot {
             names.push(entry.file_name().to_string_lossy().into_owned());
         }
         names.sort();
-        if let Some(dir) = walked {
+        if self.recording_on() {
+            let dir = self.relative(&abs);
             // Listed links and folders must exist on replay, with their type.
             // Plain files are left out: nothing decides on a listed file's
             // name alone (the replay test on every fixture holds this), and
@@ -265,12 +274,11 @@ impl SysRoot {
 
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
-        if let Some(end) = self.note_chain(rel) {
-            if fs::metadata(self.root.join(&end)).is_ok_and(|m| m.is_file()) {
-                self.note(&end, Entry::Placeholder);
-            }
+        let Ok(abs) = self.resolve_abs(rel) else { return false };
+        if self.recording_on() && abs.is_file() {
+            self.note(self.relative(&abs), Entry::Placeholder);
         }
-        self.resolve_abs(rel).is_ok()
+        true
     }
 }
 
