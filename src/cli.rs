@@ -281,25 +281,8 @@ pub fn main() -> ExitCode {
 
 /// Runs a parsed command line and maps the outcome to an exit status.
 pub fn run(cli: &Cli) -> ExitCode {
-    // A capture archive given as the tree is unpacked for this run only.
-    let mut cli = cli.clone();
-    let _replay = if crate::capture::is_archive(&cli.sysfs_root) {
-        match crate::capture::unpack(&cli.sysfs_root) {
-            Ok((dir, tree)) => {
-                cli.sysfs_root = tree;
-                Some(dir)
-            }
-            Err(e) => {
-                eprintln!("nodefabric: error: {e:#}");
-                return ExitCode::from(if matches!(cli.command, Command::Preflight(_)) { 2 } else { 1 });
-            }
-        }
-    } else {
-        None
-    };
-    let cli = &cli;
     let preflight = matches!(cli.command, Command::Preflight(_));
-    match execute(cli) {
+    match execute_on_tree(cli) {
         Ok(code) => code,
         Err(e) => {
             error!("{e:#}");
@@ -326,6 +309,16 @@ fn one_pass(cli: &Cli, state_dir: Option<&Path>) -> Result<Pass> {
     let now = pass::now()?;
     pass::run(&cli.sysfs_root, state_dir, now, &cli.fabric_sources())
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
+}
+
+/// Executes on the tree `--sysfs-root` names; a capture archive is unpacked
+/// into a temporary folder that lives for this run only.
+fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
+    if !crate::capture::is_archive(&cli.sysfs_root) {
+        return execute(cli);
+    }
+    let (_replay, tree) = crate::capture::unpack(&cli.sysfs_root)?;
+    execute(&Cli { sysfs_root: tree, ..cli.clone() })
 }
 
 fn execute(cli: &Cli) -> Result<ExitCode> {
@@ -426,11 +419,18 @@ fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
         std::io::Write::write_all(&mut std::io::stdout(), &bytes)?;
         return Ok(());
     }
-    let dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = args.out.file_name().and_then(|n| n.to_str()).with_context(|| format!("--out {} has no file name", args.out.display()))?;
+    let (dir, name) = folder_and_name(&args.out, "--out")?;
     let path = publish::write_atomic(dir, name, &bytes)?;
     eprintln!("captured {} entries into {} ({} bytes)", recorded.len(), path.display(), bytes.len());
     Ok(())
+}
+
+/// Splits an output file given with `flag` into the folder the atomic write
+/// works in (`.` for a bare name) and the file name.
+fn folder_and_name<'a>(file: &'a Path, flag: &str) -> Result<(&'a Path, &'a str)> {
+    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = file.file_name().and_then(|n| n.to_str()).with_context(|| format!("{flag} {} has no file name", file.display()))?;
+    Ok((dir, name))
 }
 
 /// Builds the rail record from a pass.
@@ -445,8 +445,7 @@ fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: &Path) -> Result
         .options(cli.nvidia_smi.as_deref())
         .and_then(|o| rail_record(cli, pass, &o))
         .with_context(|| format!("rail record not built; previous {} kept", file.display()))?;
-    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = file.file_name().and_then(|n| n.to_str()).with_context(|| format!("--rails-file {} has no file name", file.display()))?;
+    let (dir, name) = folder_and_name(file, "--rails-file")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
     Ok(())
