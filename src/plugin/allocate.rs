@@ -117,15 +117,11 @@ pub fn preferred(
     cands.dedup_by(|a, b| a.0 == b.0);
     let need = size - out.len();
 
-    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
-    for (_, ep) in &cands {
-        if let Some(n) = ep.numa {
-            *per_node.entry(n).or_default() += 1;
-        }
-    }
-    let target = anchor_node(catalog, resource, must_include)
+    let per_node = count_per_node(cands.iter().map(|(_, ep)| *ep));
+    let anchor = count_per_node(must_include.iter().filter_map(|id| catalog.resolve(resource, id)));
+    let target = fullest(&anchor)
         .or_else(|| per_node.iter().filter(|(_, c)| **c >= need).min_by_key(|(n, c)| (**c, **n)).map(|(n, _)| *n))
-        .or_else(|| per_node.iter().max_by_key(|(n, c)| (**c, -**n)).map(|(n, _)| *n));
+        .or_else(|| fullest(&per_node));
     // Node order: the target, then the others fullest first, then no node.
     let rank = |numa: Option<i64>| -> (u8, i64, i64) {
         match numa {
@@ -157,15 +153,19 @@ pub fn preferred(
     out
 }
 
-/// The NUMA node most must-include tokens sit on (lowest number on a tie).
-fn anchor_node(catalog: &Catalog, resource: Resource, must_include: &[String]) -> Option<i64> {
-    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
-    for id in must_include {
-        if let Some(n) = catalog.resolve(resource, id).and_then(|ep| ep.numa) {
-            *per_node.entry(n).or_default() += 1;
-        }
+/// How many of the tokens' endpoints sit on each NUMA node (tokens without
+/// one are not counted).
+fn count_per_node<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> BTreeMap<i64, usize> {
+    let mut per_node = BTreeMap::new();
+    for n in endpoints.filter_map(|ep| ep.numa) {
+        *per_node.entry(n).or_default() += 1;
     }
-    per_node.into_iter().max_by_key(|(n, c)| (*c, -*n)).map(|(n, _)| n)
+    per_node
+}
+
+/// The node with the most tokens, the lowest number on a tie.
+fn fullest(per_node: &BTreeMap<i64, usize>) -> Option<i64> {
+    per_node.iter().max_by_key(|(n, c)| (**c, -**n)).map(|(n, _)| *n)
 }
 
 /// Picks shared tokens one at a time onto the least-used endpoint.

@@ -77,8 +77,8 @@ impl Generation {
 
 /// Runs until `shutdown` resolves, then removes its sockets.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let mut catalog = Catalog::load(&config.cdi_dir, &Catalog::default());
-    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(catalog.clone()));
+    // The channel holds the one current catalog; the loop below fills it.
+    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(Catalog::default()));
     let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
     let _watcher = watch_folders(&[&config.cdi_dir, &config.kubelet_dir], events_tx);
     let mut tick = tokio::time::interval(config.poll_interval);
@@ -87,15 +87,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tokio::pin!(shutdown);
     loop {
         // Reload first so a fresh registration starts from the current specs.
-        let fresh = Catalog::load(&config.cdi_dir, &catalog);
-        if fresh != catalog {
+        let served = catalog_tx.borrow().clone();
+        let fresh = Catalog::load(&config.cdi_dir, &served);
+        if fresh != *served {
             info!(
                 whole = fresh.endpoints(crate::cdi::Family::Whole).len(),
                 partitioned = fresh.endpoints(crate::cdi::Family::Partitioned).len(),
-                "CDI specs changed"
+                "CDI specs read"
             );
-            catalog = fresh;
-            catalog_tx.send_replace(Arc::new(catalog.clone()));
+            catalog_tx.send_replace(Arc::new(fresh));
         }
         if let Some(why) = needs_registration(&config, current.as_ref()) {
             if let Some(old) = current.take() {

@@ -2,7 +2,7 @@
 
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
-use super::catalog::{Catalog, Resource};
+use super::catalog::{Catalog, Endpoint, Resource};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -67,18 +67,6 @@ fn release_freed_memory() {
     }
 }
 
-/// A fingerprint of a device list, to skip resending an unchanged one.
-fn digest(devices: &[api::Device]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for d in devices {
-        d.id.hash(&mut h);
-        d.health.hash(&mut h);
-        d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id).collect::<Vec<_>>()).hash(&mut h);
-    }
-    h.finish()
-}
-
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -98,20 +86,23 @@ impl DevicePlugin for ResourceService {
         let mut stop = self.stop.clone();
         let resource = self.resource;
         tokio::spawn(async move {
-            // Only a digest of the last list is kept: a shared list can hold
-            // tens of thousands of tokens, and idle memory is the budget.
-            let mut last: Option<u64> = None;
+            // The list is a function of the family's endpoints alone, so those
+            // (hundreds) are what is remembered, not the list (a shared list
+            // holds tens of thousands of tokens, and idle memory is the
+            // budget); a change to the other family builds nothing.
+            let mut last: Option<Vec<Endpoint>> = None;
             let mut trim_pending = false;
             loop {
-                let devices = device_list(&catalog.borrow_and_update(), resource);
-                let digest = digest(&devices);
-                if last != Some(digest) {
+                let current = catalog.borrow_and_update().clone();
+                let endpoints = current.endpoints(resource.family());
+                if last.as_deref() != Some(endpoints) {
+                    let devices = device_list(&current, resource);
                     info!(resource = resource.suffix(), devices = devices.len(), "sending device list");
                     if tx.send(Ok(api::ListAndWatchResponse { devices })).await.is_err() {
                         debug!("ListAndWatch client went away");
                         return;
                     }
-                    last = Some(digest);
+                    last = Some(endpoints.to_vec());
                     trim_pending = true;
                 }
                 loop {
