@@ -4,7 +4,7 @@
 //! Every label describes the whole node and drops detail on purpose; a
 //! consumer needing per-interface truth reads the record.
 
-use crate::pci::{self, Coordinates, Distance};
+use crate::pci::{self, Distance};
 use crate::record::{Interface, LinkState, NodeRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,12 +82,7 @@ pub fn usable(iface: &Interface) -> bool {
 /// Reduces the record to the `rdma.*` labels.
 pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
     let mut set = LabelSet::default();
-    let usable_eps: Vec<(&Interface, Option<u32>)> = record
-        .endpoints()
-        .into_iter()
-        .filter(|(ep, _)| usable(ep))
-        .map(|(ep, parent)| (ep, ep.effective_numa(parent)))
-        .collect();
+    let usable_eps: Vec<(&Interface, Option<&Interface>)> = record.endpoints().into_iter().filter(|(ep, _)| usable(ep)).collect();
     if usable_eps.is_empty() {
         set.withheld.push("rdma.capable: no usable RDMA endpoint (every endpoint Failed, or none bound)".into());
         set.withheld.push("rdma.distance: no usable RDMA endpoint to measure from".into());
@@ -103,26 +98,14 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
         let closest = accels
             .iter()
             .flat_map(|a| {
-                usable_eps.iter().map(move |(ep, numa)| {
-                    let acc = Coordinates {
-                        address: Some(&a.pci_bus_id),
-                        bridges: Some(&a.topology.pci_switches),
-                        numa: a.numa,
-                    };
-                    let nic = Coordinates {
-                        address: ep.pci_bus_id.as_deref(),
-                        bridges: ep.topology.as_ref().map(|t| t.pci_switches.as_slice()),
-                        numa: *numa,
-                    };
-                    pci::distance(acc, nic)
-                })
+                usable_eps.iter().map(move |(ep, parent)| pci::distance(a.coordinates(), ep.coordinates(*parent)))
             })
             .min()
             .unwrap_or(Distance::Unk);
         set.values.insert("rdma.distance".into(), closest.to_string());
     }
 
-    let numas: BTreeSet<u32> = usable_eps.iter().filter_map(|(_, n)| *n).collect();
+    let numas: BTreeSet<u32> = usable_eps.iter().filter_map(|(ep, parent)| ep.effective_numa(*parent)).collect();
     if numas.is_empty() {
         set.withheld.push("rdma.numa: the kernel gave no NUMA node for any usable endpoint".into());
     } else {

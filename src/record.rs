@@ -5,6 +5,7 @@
 //! (`.spec.interfaces[]`, `.spec.groups[].accelerators[]`), so its jq recipes
 //! work on this output unchanged.
 
+use crate::pci::Coordinates;
 use serde::{Deserialize, Serialize};
 
 /// The record's schema version, bumped on any incompatible change.
@@ -107,6 +108,16 @@ impl Interface {
     /// blank reading its parent PF's. Never a made-up 0.
     pub fn effective_numa(&self, parent: Option<&Interface>) -> Option<u32> {
         self.numa.or_else(|| if self.parent.is_some() { parent.and_then(|p| p.numa) } else { None })
+    }
+
+    /// Where this endpoint sits, for distance questions (NUMA as in
+    /// [`Self::effective_numa`]).
+    pub fn coordinates(&self, parent: Option<&Interface>) -> Coordinates<'_> {
+        Coordinates {
+            address: self.pci_bus_id.as_deref(),
+            bridges: self.topology.as_ref().map(|t| t.pci_switches.as_slice()),
+            numa: self.effective_numa(parent),
+        }
     }
 }
 
@@ -238,6 +249,13 @@ pub struct Accelerator {
     /// Why this accelerator has no fabric (or whose was kept), for preflight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric_note: Option<String>,
+}
+
+impl Accelerator {
+    /// Where this accelerator sits, for distance questions.
+    pub fn coordinates(&self) -> Coordinates<'_> {
+        Coordinates { address: Some(&self.pci_bus_id), bridges: Some(&self.topology.pci_switches), numa: self.numa }
+    }
 }
 
 impl NodeRecord {

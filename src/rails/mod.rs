@@ -186,26 +186,19 @@ fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, B
     let smi = nvidia_smi_view(root, record, input)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
+    // Each rail NIC's place on the bus, looked up once.
+    let endpoints = record.endpoints();
+    let nic_coords: BTreeMap<&str, Coordinates> = endpoints
+        .iter()
+        .filter_map(|(ep, parent)| ep.pci_bus_id.as_deref().filter(|a| nic_rails.contains_key(*a)).map(|a| (a, ep.coordinates(*parent))))
+        .collect();
     for acc in record.accelerators() {
         if covered.contains(&acc.pci_bus_id) {
             continue;
         }
-        let acc_c = Coordinates { address: Some(&acc.pci_bus_id), bridges: Some(&acc.topology.pci_switches), numa: acc.numa };
         let mut paths = BTreeMap::new();
         for nic in nic_rails.keys() {
-            let class = record
-                .endpoints()
-                .into_iter()
-                .find(|(ep, _)| ep.pci_bus_id.as_deref() == Some(nic.as_str()))
-                .map(|(ep, parent)| {
-                    let nic_c = Coordinates {
-                        address: ep.pci_bus_id.as_deref(),
-                        bridges: ep.topology.as_ref().map(|t| t.pci_switches.as_slice()),
-                        numa: ep.effective_numa(parent),
-                    };
-                    pci::distance(acc_c, nic_c)
-                })
-                .unwrap_or(Distance::Unk);
+            let class = nic_coords.get(nic.as_str()).map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
             paths.insert(nic.clone(), class.as_str().to_string());
         }
         out.push(GpuPaths { pci_bus_id: acc.pci_bus_id.clone(), uuid: None, source: GpuSource::Sysfs, paths });
