@@ -43,37 +43,33 @@ pub struct Sources {
 
 /// Every NVIDIA GPU's Fabric block, keyed by PCI address, from the chosen source.
 fn nvidia_blocks(source: &NvidiaSource) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
-    let from_text = |source: &NvidiaSource| nvidia_text(source).and_then(|t| nvidia::parse(&t).map_err(|e| e.to_string()));
-    match source {
+    let text = match source {
+        NvidiaSource::Nvml(lib) => return nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string()),
         NvidiaSource::Auto => match nvml::read(None) {
-            Ok(blocks) => Ok(blocks),
+            Ok(blocks) => return Ok(blocks),
             Err(e @ nvml::NvmlError::Unavailable { .. }) => {
                 debug!("{e}; reading nvidia-smi -q instead");
-                from_text(source)
+                run_q(std::path::Path::new("nvidia-smi"))?
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => return Err(e.to_string()),
         },
-        NvidiaSource::Nvml(lib) => nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string()),
-        _ => from_text(source),
-    }
+        NvidiaSource::Command(bin) => run_q(bin)?,
+        NvidiaSource::File(f) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?,
+    };
+    nvidia::parse(&text).map_err(|e| e.to_string())
 }
 
-fn nvidia_text(source: &NvidiaSource) -> Result<String, String> {
-    let run = |bin: &std::path::Path| {
-        let o = std::process::Command::new(bin)
-            .arg("-q")
-            .output()
-            .map_err(|e| format!("running {} -q: {e}", bin.display()))?;
-        if !o.status.success() {
-            return Err(format!("{} -q exited with {}: {}", bin.display(), o.status, String::from_utf8_lossy(&o.stderr).trim()));
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    };
-    match source {
-        NvidiaSource::Auto | NvidiaSource::Nvml(_) => run(std::path::Path::new("nvidia-smi")),
-        NvidiaSource::Command(bin) => run(bin),
-        NvidiaSource::File(f) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())),
+/// Runs `nvidia-smi -q`; any failure, a missing binary included, is an
+/// unreadable answer here.
+fn run_q(bin: &std::path::Path) -> Result<String, String> {
+    let o = std::process::Command::new(bin)
+        .arg("-q")
+        .output()
+        .map_err(|e| format!("running {} -q: {e}", bin.display()))?;
+    if !o.status.success() {
+        return Err(format!("{} -q exited with {}: {}", bin.display(), o.status, String::from_utf8_lossy(&o.stderr).trim()));
     }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
