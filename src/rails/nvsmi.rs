@@ -152,13 +152,10 @@ fn parse_legend(lines: &[&str]) -> Result<BTreeMap<String, String>, ParseError> 
         if l.is_empty() {
             continue;
         }
-        let Some((nic, name)) = l.split_once(':') else {
+        let entry = l.split_once(':').map(|(nic, name)| (nic.trim(), name.trim()));
+        let Some((nic, name)) = entry.filter(|(nic, name)| is_device(nic, "NIC") && !name.is_empty()) else {
             return Err(ParseError { what: "nvidia-smi topo -m", line: n + 1, reason: format!("NIC Legend entry {l:?} is not `NICn: name`") });
         };
-        let (nic, name) = (nic.trim(), name.trim());
-        if !is_device(nic, "NIC") || name.is_empty() {
-            return Err(ParseError { what: "nvidia-smi topo -m", line: n + 1, reason: format!("NIC Legend entry {l:?} is not `NICn: name`") });
-        }
         legend.insert(nic.to_string(), name.to_string());
     }
     Ok(legend)
