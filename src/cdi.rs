@@ -215,10 +215,11 @@ pub fn spec(record: &NodeRecord, family: Family) -> Result<Option<Spec>, CdiErro
             Err(why) => reasons.push(why),
         }
     }
+    devices.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.annotations.get(&interface_key()).cmp(&b.annotations.get(&interface_key()))));
+    let devices = merge_shared_rdma_devices(devices, &mut reasons);
     if !reasons.is_empty() {
         return Err(CdiError { kind: family.kind(), reasons });
     }
-    devices.sort_by(|a, b| a.name.cmp(&b.name));
     let container_edits = ContainerEdits {
         env: vec![],
         device_nodes: record.spec.rdma_cm.iter().map(DeviceNode::from).collect(),
@@ -231,6 +232,43 @@ pub fn spec(record: &NodeRecord, family: Family) -> Result<Option<Spec>, CdiErro
     }))
 }
 
+/// The annotation naming an endpoint's interface(s).
+fn interface_key() -> String {
+    format!("{ANNOTATION_PREFIX}/interface")
+}
+
+/// One CDI device per RDMA device: two netdevs on one RDMA device (both
+/// ports of a dual-port HCA on one PCI function, an IPoIB child interface)
+/// would otherwise give two devices of one name, and CDI loaders reject a
+/// spec with a duplicate name whole. The devices are merged when they inject
+/// the same thing; their interface names are listed together, sorted, joined
+/// with `+` (a `,` would read as a list separator to annotation consumers).
+/// Devices that share a name but differ in what they inject cannot be one
+/// device and are refused, naming the RDMA device. `devices` is sorted by name.
+fn merge_shared_rdma_devices(devices: Vec<Device>, reasons: &mut Vec<String>) -> Vec<Device> {
+    let mut out: Vec<Device> = Vec::with_capacity(devices.len());
+    for d in devices {
+        match out.last_mut() {
+            Some(prev) if prev.name == d.name => {
+                if prev.container_edits != d.container_edits {
+                    reasons.push(format!("RDMA device {} is bound to endpoints that inject different device nodes", d.name));
+                    continue;
+                }
+                let key = interface_key();
+                if let Some(name) = d.annotations.get(&key) {
+                    let joined = match prev.annotations.get(&key) {
+                        Some(old) => format!("{old}+{name}"),
+                        None => name.clone(),
+                    };
+                    prev.annotations.insert(key, joined);
+                }
+            }
+            _ => out.push(d),
+        }
+    }
+    out
+}
+
 /// A spec as written to disk: pretty JSON with a trailing newline.
 pub fn to_bytes(spec: &Spec) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(spec).expect("spec serialises");
@@ -241,6 +279,12 @@ pub fn to_bytes(spec: &Spec) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::valid_device_name;
+
+    #[test]
+    fn device_names_refuse_list_and_key_separators() {
+        assert!(!valid_device_name("mlx5_0,nvidia.com/gpu=all"));
+        assert!(!valid_device_name("a=b"));
+    }
 
     #[test]
     fn device_names() {

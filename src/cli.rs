@@ -6,7 +6,7 @@ use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
 use crate::{cdi, fabric, nfd, preflight, publish, rails};
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use tracing::{error, info};
 /// Every command reads the same pass over the sysfs tree, so `preflight`
 /// shows exactly what `publish` would write.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "nodefabric", version, propagate_version = true)]
+#[command(name = "nodefabric", version = crate::VERSION, propagate_version = true)]
 pub struct Cli {
     /// The sysfs tree to read: the live /sys, a copy of one, or a
     /// `nodefabric capture` archive (.tar.gz), unpacked to a temp folder.
@@ -48,6 +48,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub ascend_fabric: Option<PathBuf>,
 
+    /// How long a vendor tool (nvidia-smi) may run before it is killed; its
+    /// answer then counts as unreadable, and the previous one is kept.
+    #[arg(long, global = true, default_value = "30s", value_name = "DURATION", value_parser = parse_tool_timeout)]
+    pub tool_timeout: Duration,
+
     /// Log filter for stderr: error, warn, info, debug or trace.
     #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
     pub log_level: tracing::Level,
@@ -70,6 +75,34 @@ pub fn parse_namespace(s: &str) -> Result<String, String> {
         return Err(format!("{s:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"));
     }
     Ok(s.to_string())
+}
+
+/// A duration flag within `min..=max`: out-of-range values are usage errors
+/// naming the bounds (a zero interval is a busy loop, a century of expiry
+/// overflows the clock).
+fn duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    if d < min || d > max {
+        return Err(format!(
+            "{s:?} is out of range: give {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+fn parse_tool_timeout(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+/// `0s` turns expiry off; otherwise at most a year, far past any interval.
+fn parse_expiry(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::ZERO, Duration::from_secs(365 * 24 * 3600))
 }
 
 /// The subcommands.
@@ -241,13 +274,13 @@ pub struct PublishArgs {
     pub state_dir: PathBuf,
 
     /// Publish again every DURATION (e.g. 60s) instead of once.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
     pub interval: Option<Duration>,
 
     /// Label lifetime written as NFD's expiry-time directive, so labels lapse
     /// if the publisher dies. Default: 3 × --interval; none for a one-shot run.
     /// 0s disables it.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_expiry)]
     pub expiry: Option<Duration>,
 
     /// Also write the rail record (as `rails` prints it) to FILE, atomically.
@@ -274,9 +307,39 @@ impl PublishArgs {
 
 /// Parses `std::env::args` and runs; the binary's whole `main`.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = require_folders_off_sys(&cli, &matches) {
+        e.exit();
+    }
     crate::logging::init(cli.log_level);
     run(&cli)
+}
+
+/// `publish` on a tree other than `/sys` (a capture, a copy, a test tree)
+/// must name every folder it writes: the defaults are this host's live NFD,
+/// CDI and state folders, and a replay must never write into them by accident.
+fn require_folders_off_sys(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+    let Some(("publish", sub)) = matches.subcommand() else { return Ok(()) };
+    if cli.sysfs_root.components().eq(Path::new("/sys").components()) {
+        return Ok(());
+    }
+    let defaulted: Vec<String> = ["features_dir", "cdi_dir", "state_dir"]
+        .into_iter()
+        .filter(|id| sub.value_source(id) == Some(clap::parser::ValueSource::DefaultValue))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+    if defaulted.is_empty() {
+        return Ok(());
+    }
+    Err(Cli::command().error(
+        clap::error::ErrorKind::MissingRequiredArgument,
+        format!(
+            "--sysfs-root {} is not this host's /sys: give {} explicitly (the defaults are this host's live folders)",
+            cli.sysfs_root.display(),
+            defaulted.join(", ")
+        ),
+    ))
 }
 
 /// Runs a parsed command line and maps the outcome to an exit status.
@@ -284,12 +347,31 @@ pub fn run(cli: &Cli) -> ExitCode {
     let preflight = matches!(cli.command, Command::Preflight(_));
     match execute_on_tree(cli) {
         Ok(code) => code,
+        // A reader that stopped reading (`| head`) is not an error: the
+        // output it wanted has been written, the rest is not wanted.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e:#}");
+            // Printed once, as the command's last word; not also as a log line.
             eprintln!("nodefabric: error: {e:#}");
             ExitCode::from(if preflight { 2 } else { 1 })
         }
     }
+}
+
+/// Writes a command's output to stdout; a closed pipe comes back as an
+/// error that [`run`] recognises, instead of the panic `print!` would raise.
+fn emit(bytes: impl AsRef<[u8]>) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes.as_ref())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// True when an error comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 impl Cli {
@@ -301,13 +383,15 @@ impl Cli {
             (None, None, Some(lib)) => fabric::NvidiaSource::Nvml(lib.clone()),
             (None, None, None) => fabric::NvidiaSource::Auto,
         };
-        fabric::Sources { nvidia, ascend: self.ascend_fabric.clone() }
+        fabric::Sources { nvidia, ascend: self.ascend_fabric.clone(), timeout: self.tool_timeout }
     }
 }
 
-fn one_pass(cli: &Cli, state_dir: Option<&Path>) -> Result<Pass> {
+/// One discovery pass; `fabric` says whether the command's output uses the
+/// scale-up fabric (and so whether vendor tools are asked at all).
+fn one_pass(cli: &Cli, state_dir: Option<&Path>, fabric: bool) -> Result<Pass> {
     let now = pass::now()?;
-    pass::run(&cli.sysfs_root, state_dir, now, &cli.fabric_sources())
+    pass::run(&cli.sysfs_root, state_dir, now, fabric.then(|| cli.fabric_sources()).as_ref())
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
 }
 
@@ -325,34 +409,34 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
     let ns = &cli.label_namespace;
     match &cli.command {
         Command::Inventory(s) => {
-            let pass = one_pass(cli, s.state_dir.as_deref())?;
-            println!("{}", serde_json::to_string_pretty(&pass.record)?);
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(format!("{}\n", serde_json::to_string_pretty(&pass.record)?))?;
         }
         Command::Features(s) => {
-            let pass = one_pass(cli, s.state_dir.as_deref())?;
-            print!("{}", nfd::label_lines(&pass.labels, ns));
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(nfd::label_lines(&pass.labels, ns))?;
         }
         Command::Preflight(s) => {
-            let pass = one_pass(cli, s.state_dir.as_deref())?;
-            print!("{}", preflight::report(&pass, ns));
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(preflight::report(&pass, ns))?;
             let capable = pass.labels.values.contains_key("rdma.capable");
             return Ok(ExitCode::from(if capable { 0 } else { 1 }));
         }
         Command::Cdi(s) => {
-            let pass = one_pass(cli, s.state_dir.as_deref())?;
+            let pass = one_pass(cli, s.state_dir.as_deref(), false)?;
             let mut specs = serde_json::Map::new();
             for family in cdi::Family::ALL {
                 if let Some(spec) = cdi::spec(&pass.record, family)? {
                     specs.insert(family.file_name().into(), serde_json::to_value(spec)?);
                 }
             }
-            println!("{}", serde_json::to_string_pretty(&specs)?);
+            emit(format!("{}\n", serde_json::to_string_pretty(&specs)?))?;
         }
         Command::Rails(r) => {
             let options = r.rails.options(cli.nvidia_smi.as_deref())?;
-            let pass = one_pass(cli, r.state_dir.as_deref())?;
+            let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rail_record(cli, &pass, &options)?;
-            std::io::Write::write_all(&mut std::io::stdout(), &rails::to_bytes(&record))?;
+            emit(rails::to_bytes(&record))?;
         }
         Command::Publish(p) => return publish_loop(cli, p),
         Command::Capture(c) => capture(cli, c)?,
@@ -379,14 +463,22 @@ fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
-    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now, &cli.fabric_sources())
+    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now, Some(&cli.fabric_sources()))
         .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
 
     let ttl = args.ttl();
     let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
         .context("previous feature file kept")?;
+    let rails_dir = match &args.rails_file {
+        Some(file) => Some(folder_and_name(file, "--rails-file")?.0),
+        None => None,
+    };
+    let folders: Vec<&Path> = [Some(args.features_dir.as_path()), Some(args.cdi_dir.as_path()), Some(state_dir), rails_dir]
+        .into_iter()
+        .flatten()
+        .collect();
+    publish::check_folders(&folders)?;
     let dir = &args.features_dir;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let existing = std::fs::read_to_string(dir.join(nfd::FEATURE_FILE)).ok();
     if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
         let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
@@ -396,7 +488,6 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     // The record is saved even when a CDI family fails, so firstSeen stays
     // stable; the failure is still reported through the exit status.
     let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
-    std::fs::create_dir_all(state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
@@ -411,12 +502,12 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
 fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
     let root = crate::sysfs::SysRoot::recording(&cli.sysfs_root)
         .with_context(|| format!("opening sysfs tree {}", cli.sysfs_root.display()))?;
-    pass::run_on(&root, None, pass::now()?, &cli.fabric_sources())
+    pass::run_on(&root, None, pass::now()?, Some(&cli.fabric_sources()))
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
     let recorded = root.recorded();
     let bytes = crate::capture::pack(&recorded)?;
     if args.out.as_os_str() == "-" {
-        std::io::Write::write_all(&mut std::io::stdout(), &bytes)?;
+        emit(bytes)?;
         return Ok(());
     }
     let (dir, name) = folder_and_name(&args.out, "--out")?;

@@ -4,6 +4,10 @@
 //! [`record::NodeRecord`]; everything published ([`labels`] through [`nfd`])
 //! is a pure function of that record; [`publish`] is the only code that writes.
 
+/// What `--version` prints for both binaries: the release and the commit it
+/// was built from, so a bug report names the exact build.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("NODEFABRIC_COMMIT"), ")");
+
 pub mod capture;
 pub mod cdi;
 pub mod cli;
@@ -18,5 +22,6 @@ pub mod preflight;
 pub mod publish;
 pub mod record;
 pub mod sysfs;
+pub mod tool;
 pub mod plugin;
 pub mod rails;

@@ -68,8 +68,11 @@ fn parse_existing(text: &str) -> (Option<SystemTime>, String) {
 }
 
 /// Decides whether a new file must replace the existing one: when the labels
-/// differ, when expiry was added or removed, or when the old expiry has less
-/// than half its lifetime left (so the labels never lapse while we run).
+/// differ, when expiry was added or removed, when the old expiry has less
+/// than half its lifetime left (so the labels never lapse while we run), or
+/// when it lies further ahead than a whole lifetime: the wall clock stepped
+/// back, and without a rewrite the labels would outlive a dead publisher by
+/// the size of that step.
 pub fn needs_rewrite(existing: Option<&str>, new: &str, now: SystemTime, ttl: Option<Duration>) -> bool {
     let Some(existing) = existing else { return true };
     let (old_expiry, old_body) = parse_existing(existing);
@@ -80,7 +83,7 @@ pub fn needs_rewrite(existing: Option<&str>, new: &str, now: SystemTime, ttl: Op
     match (old_expiry, ttl) {
         (None, None) => false,
         (Some(_), None) | (None, Some(_)) => true,
-        (Some(old), Some(ttl)) => old.duration_since(now).map_or(true, |left| left < ttl / 2),
+        (Some(old), Some(ttl)) => old.duration_since(now).map_or(true, |left| left < ttl / 2 || left > ttl),
     }
 }
 
@@ -121,6 +124,9 @@ mod tests {
         // a label change always rewrites
         let l2 = set(&[]);
         assert!(needs_rewrite(Some(&old), &render(&l2, "ns", Some(later + ttl)), later, Some(ttl)));
+        // the clock stepped back an hour: the old expiry is too far ahead
+        let earlier = now - Duration::from_secs(3600);
+        assert!(needs_rewrite(Some(&old), &render(&l, "ns", Some(earlier + ttl)), earlier, Some(ttl)));
         // no expiry either side, same labels → nothing to do
         assert!(!needs_rewrite(Some(&render(&l, "ns", None)), &render(&l, "ns", None), now, None));
     }

@@ -57,6 +57,13 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
     } else {
         out.push_str(&table(&["INTERFACE", "PF", "RDMA", "PCI", "NUMA", "VERDICT", "REASON"], &rows));
     }
+    let unreadable = unreadable_lines(pass);
+    if !unreadable.is_empty() {
+        out.push_str("\nFacts this pass could not read:\n");
+        for l in unreadable {
+            out.push_str(&format!("  {l}\n"));
+        }
+    }
     let accels: Vec<Vec<String>> = pass
         .record
         .accelerators()
@@ -91,6 +98,20 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
         for w in &pass.labels.withheld {
             out.push_str(&format!("  {w}\n"));
         }
+    }
+    out
+}
+
+/// One line per unreadable fact, naming its endpoint or accelerator, so an
+/// operator sees which values are this pass's answers and which are carried.
+fn unreadable_lines(pass: &Pass) -> Vec<String> {
+    let mut out = Vec::new();
+    for (ep, _) in pass.record.endpoints() {
+        let who = ep.name.clone().or_else(|| ep.pci_bus_id.clone()).unwrap_or_else(|| "?".into());
+        out.extend(ep.unreadable.iter().map(|u| format!("{who}: {}", u.describe())));
+    }
+    for a in pass.record.accelerators() {
+        out.extend(a.unreadable.iter().map(|u| format!("{} {}: {}", a.manufacturer, a.pci_bus_id, u.describe())));
     }
     out
 }

@@ -16,14 +16,23 @@ use tracing::{error, info, warn};
 /// The file in `--state-dir` holding the last published record.
 pub const STATE_RECORD: &str = "record.json";
 
-/// Replaces `dir/name` with `bytes` atomically.
+/// The mode of every file written: readable by the unprivileged readers
+/// (nfd-worker's image, CDI loaders), writable by none of them.
+pub const FILE_MODE: u32 = 0o644;
+
+/// Replaces `dir/name` with `bytes` atomically, as a [`FILE_MODE`] file.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
     let target = dir.join(name);
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temp file in {}", dir.display()))?;
-    tmp.write_all(bytes)
+    // The temp file is created 0600; the mode is set before the rename, so
+    // the published name never points at a file its readers cannot open.
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(FILE_MODE))
+        .and_then(|_| tmp.write_all(bytes))
         .and_then(|_| tmp.as_file().sync_all())
         .with_context(|| format!("writing {}", tmp.path().display()))?;
     tmp.persist(&target)
@@ -33,6 +42,20 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         warn!("fsync of {} failed: {e}", dir.display());
     }
     Ok(target)
+}
+
+/// Makes sure every folder a pass will write into exists and takes a new
+/// file, before anything is written: a pass that would fail on its second
+/// folder must not have replaced the first folder's file already.
+pub fn check_folders(dirs: &[&Path]) -> Result<()> {
+    for dir in dirs {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        tempfile::Builder::new()
+            .prefix(".nodefabric-check.")
+            .tempfile_in(dir)
+            .with_context(|| format!("{} does not take new files; nothing published", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// Reads the previous record from the state folder; a missing or unreadable

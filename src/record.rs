@@ -101,6 +101,36 @@ pub struct Interface {
     /// PCI coordinates; absent for a device that is not on the PCI bus.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// Facts this pass could not read, each kept from the previous record or
+    /// left unknown: an unreadable file is never an answer of "no".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadableFact>,
+}
+
+/// One fact a pass could not read, so that `inventory` and `preflight` show
+/// which values are this pass's answers and which are carried over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadableFact {
+    /// The record field it fills (`virtualFunctionsConfigured`, `rdmaDevice` …),
+    /// or `interface` when the whole interface could not be read.
+    pub fact: String,
+    /// Why it could not be read, naming the path.
+    pub reason: String,
+    /// True when the value was kept from the previous pass; false when there
+    /// was none to keep and the value is unknown.
+    pub kept: bool,
+}
+
+impl UnreadableFact {
+    /// The sentence preflight prints for it.
+    pub fn describe(&self) -> String {
+        if self.kept {
+            format!("{}: kept from the previous pass: {}", self.fact, self.reason)
+        } else {
+            format!("{}: unknown (no previous pass to keep it from): {}", self.fact, self.reason)
+        }
+    }
 }
 
 impl Interface {
@@ -249,6 +279,9 @@ pub struct Accelerator {
     /// Why this accelerator has no fabric (or whose was kept), for preflight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric_note: Option<String>,
+    /// Facts this pass could not read (its NUMA node), kept or unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<UnreadableFact>,
 }
 
 impl Accelerator {

@@ -21,7 +21,7 @@ pub const MAX_ATTR_BYTES: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
     /// The symlink chain resolves to a place outside the tree root.
-    #[error("{path}: resolves to {target}, outside the sysfs root {root}")]
+    #[error("{path}: resolves to {target}, outside the sysfs root")]
     Escapes {
         /// The path as asked for, relative to the root.
         path: String,
@@ -36,23 +36,40 @@ pub enum SysError {
         /// The path as asked for, relative to the root.
         path: String,
     },
-    /// Any I/O failure: missing, permission denied, not a directory …
-    #[error("{path}: {source}")]
+    /// The path is a symlink whose target does not exist: something is there
+    /// but cannot be read, which is not the same as "no such attribute".
+    #[error("{path}: dangling link (its target does not exist)")]
+    Dangling {
+        /// The path as asked for, relative to the root.
+        path: String,
+    },
+    /// Something other than a regular file stands where an attribute belongs
+    /// (a FIFO or a device would block or never end; a folder is no value).
+    #[error("{path}: is a {kind}, not a regular file")]
+    NotRegular {
+        /// The path as asked for, relative to the root.
+        path: String,
+        /// What it is instead (`folder`, `FIFO`, `character device` …).
+        kind: &'static str,
+    },
+    /// Any other I/O failure: missing, permission denied, not a directory …
+    /// The OS error is part of the message and deliberately not a `source`,
+    /// so an error chain prints it once, not once per layer.
+    #[error("{path}: {cause}")]
     Io {
         /// The path as asked for, relative to the root.
         path: String,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 impl SysError {
     /// True when the path simply does not exist (as opposed to existing and
-    /// being unreadable), which callers often treat as "the kernel has no such
-    /// attribute".
+    /// being unreadable), which callers treat as "the kernel has no such
+    /// attribute". A dangling link is not "not found": see [`SysError::Dangling`].
     pub fn is_not_found(&self) -> bool {
-        matches!(self, SysError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        matches!(self, SysError::Io { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound)
     }
 }
 
@@ -86,9 +103,9 @@ impl SysRoot {
     /// checks compare like with like.
     pub fn new(root: impl AsRef<Path>) -> Result<Self, SysError> {
         let root = root.as_ref();
-        let canonical = fs::canonicalize(root).map_err(|source| SysError::Io {
+        let canonical = fs::canonicalize(root).map_err(|cause| SysError::Io {
             path: root.display().to_string(),
-            source,
+            cause,
         })?;
         Ok(SysRoot { root: canonical, recorder: None })
     }
@@ -193,9 +210,11 @@ impl SysRoot {
             self.note_chain(rel);
         }
         let joined = self.root.join(rel.trim_start_matches('/'));
-        let target = fs::canonicalize(&joined).map_err(|source| SysError::Io {
-            path: rel.to_string(),
-            source,
+        let target = fs::canonicalize(&joined).map_err(|cause| {
+            if cause.kind() == std::io::ErrorKind::NotFound && self.dangles(&joined) {
+                return SysError::Dangling { path: rel.to_string() };
+            }
+            SysError::Io { path: rel.to_string(), cause }
         })?;
         if !target.starts_with(&self.root) {
             return Err(SysError::Escapes {
@@ -207,14 +226,59 @@ impl SysRoot {
         Ok(target)
     }
 
-    /// Reads an attribute whole, refusing one over [`MAX_ATTR_BYTES`].
+    /// True when a path that failed to resolve as "not found" has a link on
+    /// the way whose target is missing: the path was there to read and could
+    /// not be, which must not read as the kernel having no such attribute.
+    /// Only called on a miss, so the common case costs nothing.
+    fn dangles(&self, joined: &Path) -> bool {
+        let mut p = joined;
+        while p != self.root {
+            match fs::symlink_metadata(p) {
+                // The deepest entry that exists: a link here points nowhere.
+                Ok(m) => return m.file_type().is_symlink() && fs::metadata(p).is_err(),
+                Err(_) => match p.parent() {
+                    Some(parent) => p = parent,
+                    None => return false,
+                },
+            }
+        }
+        false
+    }
+
+    /// Reads an attribute whole, refusing one over [`MAX_ATTR_BYTES`] and
+    /// anything that is not a regular file. The open never blocks (a FIFO
+    /// planted where an attribute belongs would otherwise hang the pass), and
+    /// the type is checked on the opened descriptor, so nothing can be swapped
+    /// in between the check and the read.
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
         let abs = self.resolve_abs(rel)?;
-        let io = |source| SysError::Io {
+        let io = |cause| SysError::Io {
             path: rel.to_string(),
-            source,
+            cause,
         };
-        let file = fs::File::open(&abs).map_err(io)?;
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&abs)
+            .map_err(io)?;
+        let ft = file.metadata().map_err(io)?.file_type();
+        if !ft.is_file() {
+            let kind = if ft.is_dir() {
+                "folder"
+            } else if ft.is_fifo() {
+                "FIFO"
+            } else if ft.is_char_device() {
+                "character device"
+            } else if ft.is_block_device() {
+                "block device"
+            } else if ft.is_socket() {
+                "socket"
+            } else {
+                "special file"
+            };
+            return Err(SysError::NotRegular { path: rel.to_string(), kind });
+        }
         let mut buf = Vec::new();
         // Read one byte past the cap so "exactly 64 KiB" and "more" differ.
         file.take(MAX_ATTR_BYTES + 1)
@@ -240,9 +304,9 @@ impl SysRoot {
     /// directory's own symlink chain.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
         let abs = self.resolve_abs(rel)?;
-        let io = |source| SysError::Io {
+        let io = |cause| SysError::Io {
             path: rel.to_string(),
-            source,
+            cause,
         };
         let mut names = Vec::new();
         for entry in fs::read_dir(&abs).map_err(io)? {

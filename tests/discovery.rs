@@ -224,7 +224,7 @@ fn non_pci_interface_keeps_its_own_bus() {
 }
 
 #[test]
-fn escaping_link_and_oversized_attribute_are_skipped_not_fatal() {
+fn escaping_link_and_oversized_attribute_are_unreadable_not_fatal() {
     assert_eq!(snapshot_fixture("hostile", |d| drop(fixtures::hostile(d))), 0);
     let dir = tempfile::tempdir().unwrap();
     fixtures::hostile(dir.path());
@@ -233,8 +233,11 @@ fn escaping_link_and_oversized_attribute_are_skipped_not_fatal() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("evil") && err.contains("outside the sysfs root"), "{err}");
     let out = stdout(&o);
-    assert!(!out.contains("\"evil\""));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // The escaping entry is recorded as unreadable, never silently dropped.
+    let evil = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "evil").unwrap();
+    assert_eq!(evil["unreadable"][0]["fact"], "interface");
+    assert_eq!(evil["unreadable"][0]["kept"], false);
     let big = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["rdmaDevice"] == "mlx5_9").unwrap();
     assert_eq!(big["link"]["state"], "Unverified");
     assert!(big["link"]["reason"].as_str().unwrap().contains("larger than 65536 bytes"));

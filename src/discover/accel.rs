@@ -6,8 +6,8 @@
 //! in that list and come from their own Linux drivers' ID tables: cabc
 //! Cambricon, 1e3e Iluvatar CoreX, 9999 MetaX.
 
-use super::{device_topology, numa_of};
-use crate::record::{Accelerator, AcceleratorGroup};
+use super::{device_topology, numa_answer};
+use crate::record::{Accelerator, AcceleratorGroup, NodeRecord, UnreadableFact};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use std::collections::BTreeMap;
 use tracing::{debug, warn};
@@ -33,8 +33,17 @@ fn is_accelerator_class(class: u32) -> bool {
 }
 
 /// Scans `bus/pci/devices`. A tree without a PCI bus has no accelerators; a
-/// bus folder that exists but cannot be listed is an enumeration failure.
-pub fn accelerators(root: &SysRoot) -> Result<Vec<AcceleratorGroup>, SysError> {
+/// bus folder that exists but cannot be listed is an enumeration failure. A
+/// device whose vendor or class cannot be read is kept as the previous record
+/// had it (if it was an accelerator there), so no accelerator, and no label
+/// derived from it, disappears on a failed read.
+pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec<AcceleratorGroup>, SysError> {
+    let kept = |addr: &str, why: String| {
+        let prev = previous?.accelerators().find(|a| a.pci_bus_id == addr)?;
+        let mut acc = prev.clone();
+        acc.unreadable = vec![UnreadableFact { fact: "accelerator".into(), reason: why, kept: true }];
+        Some(acc)
+    };
     let entries = match root.list("bus/pci/devices") {
         Ok(e) => e,
         Err(e) if e.is_not_found() => {
@@ -52,22 +61,44 @@ pub fn accelerators(root: &SysRoot) -> Result<Vec<AcceleratorGroup>, SysError> {
                 continue;
             }
         };
-        let vendor = root.read_trimmed(&join(&dev, "vendor")).ok().and_then(|v| parse_hex(&v));
-        let class = root.read_trimmed(&join(&dev, "class")).ok().and_then(|v| parse_hex(&v));
-        let (Some(vendor), Some(class)) = (vendor, class) else { continue };
+        let hex = |attr: &str| {
+            let rel = join(&dev, attr);
+            let v = root.read_trimmed(&rel).map_err(|e| e.to_string())?;
+            parse_hex(&v).ok_or_else(|| format!("{rel}: {v:?} is not a hex number"))
+        };
+        let (vendor, class) = match (hex("vendor"), hex("class")) {
+            (Ok(v), Ok(c)) => (v, c),
+            (Err(why), _) | (_, Err(why)) => {
+                if let Some(acc) = kept(basename(&dev), why) {
+                    warn!("PCI device {entry} unreadable, keeping the previous record's accelerator: {}", acc.unreadable[0].reason);
+                    let maker = VENDORS.iter().find(|(_, m)| *m == acc.manufacturer).map(|(_, m)| *m).unwrap_or("unknown");
+                    by_vendor.entry(maker).or_default().push(acc);
+                }
+                continue;
+            }
+        };
         let Some(&(_, maker)) = VENDORS.iter().find(|(id, _)| u32::from(*id) == vendor) else { continue };
         if !is_accelerator_class(class) {
             continue;
         }
         let device_id = root.read_trimmed(&join(&dev, "device")).ok().and_then(|v| parse_hex(&v)).unwrap_or(0);
+        let pci_bus_id = basename(&dev).to_string();
+        let (numa, unreadable) = match numa_answer(root, &dev) {
+            Ok(n) => (n, vec![]),
+            Err(why) => {
+                let prev = previous.and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci_bus_id));
+                (prev.and_then(|a| a.numa), vec![UnreadableFact { fact: "numa".into(), reason: why, kept: prev.is_some() }])
+            }
+        };
         by_vendor.entry(maker).or_default().push(Accelerator {
             id: String::new(),
             manufacturer: maker.to_string(),
             pci_id: format!("{vendor:04x}:{device_id:04x}"),
-            pci_bus_id: basename(&dev).to_string(),
-            numa: numa_of(root, &dev),
+            pci_bus_id,
+            numa,
             topology: device_topology(&dev).unwrap_or_default(),
             fabric_note: None,
+            unreadable,
         });
     }
     Ok(by_vendor

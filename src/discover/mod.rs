@@ -2,6 +2,7 @@
 //! sysfs tree (and the previous record, for `firstSeen`) into a [`NodeRecord`].
 
 pub mod accel;
+pub mod keep;
 pub mod net;
 pub mod rdma;
 
@@ -11,9 +12,16 @@ use crate::sysfs::{join, SysError, SysRoot};
 use std::collections::HashMap;
 
 /// Discovery could not enumerate the node: nothing may be published from it.
+/// The sysfs error is in the message, not a `source`, so it prints once.
 #[derive(Debug, thiserror::Error)]
 #[error("enumeration failed: {0}")]
-pub struct DiscoverError(#[from] pub SysError);
+pub struct DiscoverError(pub SysError);
+
+impl From<SysError> for DiscoverError {
+    fn from(e: SysError) -> Self {
+        DiscoverError(e)
+    }
+}
 
 /// Reads the whole node record from `root`.
 ///
@@ -21,11 +29,14 @@ pub struct DiscoverError(#[from] pub SysError);
 /// RFC 3339 time stamped on failures first seen in this pass.
 pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Result<NodeRecord, DiscoverError> {
     let interfaces = net::interfaces(root)?;
-    let groups = accel::accelerators(root)?;
+    let groups = accel::accelerators(root, previous)?;
     let mut record = NodeRecord {
         version: RECORD_VERSION,
         spec: Spec { interfaces, groups, rdma_cm: rdma::rdma_cm(root) },
     };
+    // Before the verbs lookup, so a kept RDMA device name resolves to its
+    // character device like a freshly read one.
+    keep::keep_previous(&mut record, previous);
     resolve_verbs(&mut record, &rdma::VerbsIndex::read(root));
     stamp_first_seen(&mut record, previous, now);
     Ok(record)
@@ -44,11 +55,11 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
     });
 }
 
-/// The NUMA node of a device folder; `-1`, blank or unreadable is `None`.
-pub(crate) fn numa_of(root: &SysRoot, device: &str) -> Option<u32> {
-    let raw = root.read_trimmed(&join(device, "numa_node")).ok()?;
-    let n: i64 = raw.parse().ok()?;
-    u32::try_from(n).ok()
+/// The NUMA node of a device folder: `Ok(None)` when the kernel declined to
+/// answer (`-1`, or no `numa_node` at all), an error when the file could not
+/// be read or holds no number: unreadable is not the kernel's blank.
+pub(crate) fn numa_answer(root: &SysRoot, device: &str) -> Result<Option<u32>, String> {
+    Ok(keep::parsed::<i64>(root, &join(device, "numa_node"))?.and_then(|n| u32::try_from(n).ok()))
 }
 
 /// The PCI coordinates of a device from its canonical path (the one walk).

@@ -1,21 +1,29 @@
 //! Network interfaces, starting at `class/net`, with SR-IOV VFs nested under
 //! their physical function.
 
-use super::{device_topology, numa_of};
+use super::keep::{attribute, note, parsed};
+use super::{device_topology, numa_answer};
 use crate::discover::rdma;
 use crate::record::{Interface, LinkState, LinkVerdict};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use tracing::warn;
 
 /// Enumerates `class/net`. Only a failure to list the folder itself is an
-/// error (a failed enumeration); a bad entry is logged and skipped.
+/// error (a failed enumeration). An entry that cannot be read becomes a
+/// placeholder marked unreadable, which the previous record fills in: a NIC
+/// is never dropped from the record because its folder could not be read.
 pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
     let mut out = Vec::new();
     for name in root.list("class/net")? {
         match interface(root, &name) {
             Ok(Some(iface)) => out.push(iface),
             Ok(None) => {}
-            Err(e) => warn!("skipping interface {name}: {e}"),
+            Err(e) => {
+                warn!("interface {name} unreadable: {e}");
+                let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
+                note(&mut iface, "interface", e.to_string());
+                out.push(iface);
+            }
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -37,7 +45,10 @@ fn interface(root: &SysRoot, name: &str) -> Result<Option<Interface>, SysError> 
     }
     let mut iface = build(root, Some(name.to_string()), Some(&netdir), device.as_deref());
     if let Some(dev) = &device {
-        iface.virtual_functions = virtual_functions(root, dev, &iface);
+        match virtual_functions(root, dev, &iface) {
+            Ok(vfs) => iface.virtual_functions = vfs,
+            Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
+        }
     }
     Ok(Some(iface))
 }
@@ -50,7 +61,9 @@ fn bus_of(root: &SysRoot, device: &str) -> String {
 }
 
 /// Builds an interface from its net folder (if it has a netdev) and its device
-/// folder (if it has a device). Unreadable optional attributes are left empty.
+/// folder (if it has a device). An attribute the kernel does not have is an
+/// answer (absent, or 0 VFs); one that is there and cannot be read is noted
+/// as unreadable, for [`keep::keep_previous`] to fill in.
 fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
     let bus = match device {
@@ -64,27 +77,51 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         ..Default::default()
     };
     if let Some(net) = netdir {
-        iface.mtu = root.read_trimmed(&join(net, "mtu")).ok().and_then(|v| v.parse().ok());
+        match parsed(root, &join(net, "mtu")) {
+            Ok(v) => iface.mtu = v,
+            Err(why) => note(&mut iface, "mtu", why),
+        }
         // `unknown` is what drivers without carrier reporting (loopback, some
         // virtual NICs) say; then the administrative IFF_UP flag decides.
-        let oper = root.read_trimmed(&join(net, "operstate")).unwrap_or_default();
-        let admin_up = root
-            .read_trimmed(&join(net, "flags"))
-            .ok()
-            .and_then(|f| parse_hex(&f))
-            .is_some_and(|f| f & 0x1 != 0);
-        iface.up = oper == "up" || (oper == "unknown" && admin_up);
+        match attribute(root, &join(net, "operstate")) {
+            Ok(oper) => {
+                let oper = oper.unwrap_or_default();
+                if oper == "unknown" {
+                    match attribute(root, &join(net, "flags")) {
+                        Ok(flags) => iface.up = flags.and_then(|f| parse_hex(&f)).is_some_and(|f| f & 0x1 != 0),
+                        Err(why) => note(&mut iface, "up", why),
+                    }
+                } else {
+                    iface.up = oper == "up";
+                }
+            }
+            Err(why) => note(&mut iface, "up", why),
+        }
     }
     let Some(dev) = device else { return iface };
-    iface.numa = numa_of(root, dev);
-    iface.cpu_affinity = root.read_trimmed(&join(dev, "local_cpulist")).ok().filter(|s| !s.is_empty());
+    match numa_answer(root, dev) {
+        Ok(n) => iface.numa = n,
+        Err(why) => note(&mut iface, "numa", why),
+    }
+    match attribute(root, &join(dev, "local_cpulist")) {
+        Ok(v) => iface.cpu_affinity = v.filter(|s| !s.is_empty()),
+        Err(why) => note(&mut iface, "cpuAffinity", why),
+    }
     if bus == "pci" {
         iface.pci_bus_id = Some(basename(dev).to_string());
         iface.topology = device_topology(dev);
     }
-    let total_vfs: u32 = read_u32(root, &join(dev, "sriov_totalvfs"));
-    iface.physical_function = total_vfs > 0;
-    iface.virtual_functions_configured = read_u32(root, &join(dev, "sriov_numvfs"));
+    // A device without the SR-IOV attributes is not a PF: that absence is the
+    // kernel's answer. An unreadable one is not, and must not move a PF with
+    // VFs into the whole-interface families.
+    match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
+        Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
+        Err(why) => note(&mut iface, "physicalFunction", why),
+    }
+    match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
+        Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
+        Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
+    }
     match rdma::bound_device(root, dev) {
         Ok(Some(ibdev)) => {
             iface.link = Some(rdma::link_verdict(root, dev, &ibdev));
@@ -93,27 +130,26 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         }
         Ok(None) => {}
         Err(e) => {
-            // The RDMA tree exists but could not be read: no device to name,
-            // and an Unverified verdict so the node is not judged by it.
+            // The RDMA tree exists but could not be read: the device name is
+            // kept from the previous pass (or unknown), and the verdict is
+            // Unverified so the node is not judged by it.
             iface.link = Some(LinkVerdict {
                 state: LinkState::Unverified,
                 reason: Some(format!("RDMA tree unreadable: {e}")),
                 ports: vec![],
                 first_seen: None,
             });
+            note(&mut iface, "rdmaDevice", e.to_string());
         }
     }
     iface
 }
 
-fn read_u32(root: &SysRoot, rel: &str) -> u32 {
-    root.read_trimmed(rel).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
-/// its PF's upstream bridges; its NUMA node is its own.
-fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Vec<Interface> {
-    let Ok(entries) = root.list(pf_dev) else { return vec![] };
+/// its PF's upstream bridges; its NUMA node is its own. A PF folder that
+/// cannot be listed is an error (its VFs are unreadable, not absent).
+fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Result<Vec<Interface>, SysError> {
+    let entries = root.list(pf_dev)?;
     let mut vfs = Vec::new();
     for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
         let vf_dev = match root.resolve(&join(pf_dev, entry)) {
@@ -135,5 +171,5 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Vec<Interf
         vfs.push(vf);
     }
     vfs.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
-    vfs
+    Ok(vfs)
 }

@@ -15,6 +15,7 @@ use crate::record::{Fabric, NodeRecord};
 use crate::sysfs::SysRoot;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 use tracing::{debug, warn};
 
 /// Where the NVIDIA fabric answer comes from.
@@ -33,71 +34,82 @@ pub enum NvidiaSource {
 }
 
 /// The non-sysfs inputs of the fabric readers.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Sources {
     /// NVIDIA: `nvidia-smi -q`.
     pub nvidia: NvidiaSource,
     /// Ascend: the super-pod JSON file, when given.
     pub ascend: Option<PathBuf>,
+    /// How long a vendor tool may run before its answer counts as unreadable.
+    pub timeout: Duration,
 }
 
-/// Every NVIDIA GPU's Fabric block, keyed by PCI address, from the chosen source.
-fn nvidia_blocks(source: &NvidiaSource) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
-    let text = match source {
+impl Default for Sources {
+    fn default() -> Self {
+        Sources { nvidia: NvidiaSource::default(), ascend: None, timeout: crate::tool::DEFAULT_TIMEOUT }
+    }
+}
+
+/// Every NVIDIA GPU's Fabric block, keyed by PCI address, from the chosen
+/// source. Running `nvidia-smi` (a missing binary, a failure, a hang past
+/// the timeout) and reading its answer can each fail: all are unreadable.
+fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
+    let run_q = |bin: &std::path::Path| crate::tool::output(bin, &["-q"], sources.timeout);
+    let (text, origin) = match &sources.nvidia {
         NvidiaSource::Nvml(lib) => return nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string()),
         NvidiaSource::Auto => match nvml::read(None) {
             Ok(blocks) => return Ok(blocks),
             Err(e @ nvml::NvmlError::Unavailable { .. }) => {
                 debug!("{e}; reading nvidia-smi -q instead");
-                run_q(std::path::Path::new("nvidia-smi"))?
+                (run_q(std::path::Path::new("nvidia-smi"))?, "nvidia-smi -q".to_string())
             }
             Err(e) => return Err(e.to_string()),
         },
-        NvidiaSource::Command(bin) => run_q(bin)?,
-        NvidiaSource::File(f) => std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?,
+        NvidiaSource::Command(bin) => (run_q(bin)?, format!("{} -q", bin.display())),
+        NvidiaSource::File(f) => (read_capped(f)?, f.display().to_string()),
     };
-    nvidia::parse(&text).map_err(|e| e.to_string())
+    nvidia::parse_any(&text).map_err(|e| format!("{origin}: {e}"))
 }
 
-/// Runs `nvidia-smi -q`; any failure, a missing binary included, is an
-/// unreadable answer here.
-fn run_q(bin: &std::path::Path) -> Result<String, String> {
-    let o = std::process::Command::new(bin)
-        .arg("-q")
-        .output()
-        .map_err(|e| format!("running {} -q: {e}", bin.display()))?;
-    if !o.status.success() {
-        return Err(format!("{} -q exited with {}: {}", bin.display(), o.status, String::from_utf8_lossy(&o.stderr).trim()));
+/// Reads a saved vendor answer, refusing anything that is not a regular file
+/// (a FIFO would block) or is larger than a tool's answer can be.
+fn read_capped(f: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |e: std::io::Error| format!("{}: {e}", f.display());
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(f).map_err(err)?;
+    if !file.metadata().map_err(err)?.is_file() {
+        return Err(format!("{}: not a regular file", f.display()));
     }
-    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    let mut buf = Vec::new();
+    file.take(crate::tool::MAX_OUTPUT + 1).read_to_end(&mut buf).map_err(err)?;
+    if buf.len() as u64 > crate::tool::MAX_OUTPUT {
+        return Err(format!("{}: larger than {} bytes, refused", f.display(), crate::tool::MAX_OUTPUT));
+    }
+    String::from_utf8(buf).map_err(|_| format!("{}: not UTF-8 text", f.display()))
 }
 
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
 /// A manufacturer whose answer cannot be read keeps the previous record's
 /// fabric for its accelerators, so no label is withdrawn on a failed read.
 pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
-    // An unreadable answer keeps what the previous record said for this accelerator.
-    let keep_previous = |acc: &mut crate::record::Accelerator, maker: &str, e: &str| {
-        warn!("{maker} fabric unreadable, keeping the previous answer: {e}");
-        acc.topology.fabric = previous
-            .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == acc.pci_bus_id))
-            .and_then(|a| a.topology.fabric.clone());
-        acc.fabric_note = Some(format!("fabric unreadable ({e}); previous answer kept"));
-    };
     for group in &mut record.spec.groups {
         match group.manufacturer.as_str() {
             "nvidia" => {
-                let parsed = nvidia_blocks(&sources.nvidia);
+                let blocks = match nvidia_blocks(sources) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        keep_previous(&mut group.accelerators, "NVIDIA", &e, previous);
+                        continue;
+                    }
+                };
                 for acc in &mut group.accelerators {
-                    match &parsed {
-                        Ok(blocks) => match blocks.get(&acc.pci_bus_id) {
-                            Some(info) => match nvidia::fabric(info) {
-                                Ok(f) => acc.topology.fabric = Some(f),
-                                Err(why) => acc.fabric_note = Some(why),
-                            },
-                            None => acc.fabric_note = Some("the NVIDIA fabric answer has no entry for this GPU".into()),
+                    match blocks.get(&acc.pci_bus_id) {
+                        Some(info) => match nvidia::fabric(info) {
+                            Ok(f) => acc.topology.fabric = Some(f),
+                            Err(why) => acc.fabric_note = Some(why),
                         },
-                        Err(e) => keep_previous(acc, "NVIDIA", e),
+                        None => acc.fabric_note = Some("the NVIDIA fabric answer has no entry for this GPU".into()),
                     }
                 }
             }
@@ -122,6 +134,10 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                         .map_err(|e| format!("{}: {e}", f.display()))
                         .and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
                 };
+                if let (Err(e), Some(_)) = (&answers, &sources.ascend) {
+                    keep_previous(&mut group.accelerators, "Ascend", e, previous);
+                    continue;
+                }
                 for acc in &mut group.accelerators {
                     match &answers {
                         Ok(map) => match map.get(&acc.pci_bus_id) {
@@ -132,8 +148,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                             }
                             None => acc.fabric_note = Some("the Ascend fabric input has no entry for this NPU".into()),
                         },
-                        Err(e) if sources.ascend.is_none() => acc.fabric_note = Some(e.clone()),
-                        Err(e) => keep_previous(acc, "Ascend", e),
+                        Err(e) => acc.fabric_note = Some(e.clone()),
                     }
                 }
             }
@@ -148,6 +163,27 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                 }
             }
         }
+    }
+}
+
+/// An unreadable answer for a whole manufacturer: each accelerator keeps what
+/// the previous record said for it, and one warning says so for the pass.
+fn keep_previous(accs: &mut [crate::record::Accelerator], maker: &str, e: &str, previous: Option<&NodeRecord>) {
+    let mut kept = 0;
+    for acc in accs.iter_mut() {
+        acc.topology.fabric = previous
+            .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == acc.pci_bus_id))
+            .and_then(|a| a.topology.fabric.clone());
+        kept += usize::from(acc.topology.fabric.is_some());
+        acc.fabric_note = Some(match acc.topology.fabric {
+            Some(_) => format!("fabric unreadable, kept from the previous pass: {e}"),
+            None => format!("fabric unreadable, no previous answer to keep: {e}"),
+        });
+    }
+    if kept > 0 {
+        warn!("{maker} fabric unreadable, keeping the previous answer for {kept} of {} accelerators: {e}", accs.len());
+    } else {
+        warn!("{maker} fabric unreadable, and no previous answer to keep: {e}");
     }
 }
 

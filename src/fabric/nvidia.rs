@@ -1,4 +1,11 @@
-//! NVIDIA NVLink fabric from `nvidia-smi -q`: the per-GPU "Fabric" block.
+//! NVIDIA NVLink fabric from `nvidia-smi -q` (text) or `nvidia-smi -q -x`
+//! (XML): the per-GPU "Fabric" block.
+//!
+//! Whatever the input, it must prove it is an answer: text needs the
+//! `Attached GPUs` line and as many GPU sections as it announces, XML the
+//! `nvidia_smi_log` root. Anything else (JSON, an empty file, a truncated
+//! dump, another tool's output) is refused, so it can never read as "no GPU
+//! has a fabric" and withdraw a published `fabric.domain`.
 //!
 //! ```text
 //! GPU 00000000:0F:01.0
@@ -31,14 +38,90 @@ pub struct FabricInfo {
     pub cluster_uuid: Option<String>,
 }
 
-/// A malformed `nvidia-smi -q` text.
+/// An `nvidia-smi -q` answer that cannot be read.
 #[derive(Debug, thiserror::Error)]
-#[error("nvidia-smi -q line {line}: {why}")]
-pub struct ParseError {
-    /// 1-based line number.
-    pub line: usize,
-    /// What was wrong.
-    pub why: String,
+pub enum ParseError {
+    /// One line of the text is wrong.
+    #[error("nvidia-smi -q line {line}: {why}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// The input as a whole is not an answer (empty, truncated, another format).
+    #[error("not an nvidia-smi -q answer: {0}")]
+    Input(String),
+}
+
+/// Parses either form of `nvidia-smi -q`, told apart by their first bytes.
+pub fn parse_any(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
+    let head = text.trim_start_matches('\u{feff}').trim_start();
+    if head.is_empty() {
+        return Err(ParseError::Input("the output is empty".into()));
+    }
+    if head.starts_with('<') {
+        return parse_xml(text);
+    }
+    if head.starts_with('{') || head.starts_with('[') {
+        return Err(ParseError::Input("it is JSON; give the text of -q or the XML of -q -x".into()));
+    }
+    parse(text)
+}
+
+/// Lowercase with `_` removed, so `clusterUuid`, `cluster_uuid` and
+/// `ClusterUUID` name one field: driver releases have spelled XML tags
+/// differently, and the value is what matters.
+fn tag_key(name: &str) -> String {
+    name.chars().filter(|c| *c != '_').flat_map(char::to_lowercase).collect()
+}
+
+/// Parses the XML of `nvidia-smi -q -x`: `<gpu id="…">` elements under
+/// `<nvidia_smi_log>`, each with an optional `<fabric>` block.
+pub fn parse_xml(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
+    let opts = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    let doc = roxmltree::Document::parse_with_options(text, opts)
+        .map_err(|e| ParseError::Input(format!("malformed XML: {e}")))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "nvidia_smi_log" {
+        return Err(ParseError::Input(format!("XML root is <{}>, not <nvidia_smi_log>", root.tag_name().name())));
+    }
+    let gpus: Vec<_> = root.children().filter(|n| n.has_tag_name("gpu")).collect();
+    check_count(announced_xml(&root), gpus.len())?;
+    let mut out = BTreeMap::new();
+    for gpu in gpus {
+        let id = gpu.attribute("id").unwrap_or_default();
+        let addr = pci::normalize(id).ok_or_else(|| ParseError::Input(format!("<gpu id={id:?}> is not a PCI address")))?;
+        let Some(fabric) = gpu.children().find(|n| n.has_tag_name("fabric")) else { continue };
+        let mut info = FabricInfo::default();
+        for field in fabric.children().filter(|n| n.is_element()) {
+            let value = Some(field.text().unwrap_or_default().trim().to_string());
+            match tag_key(field.tag_name().name()).as_str() {
+                "state" => info.state = value,
+                "status" => info.status = value,
+                "cliqueid" => info.clique_id = value,
+                "clusteruuid" => info.cluster_uuid = value,
+                _ => {}
+            }
+        }
+        out.insert(addr, info);
+    }
+    Ok(out)
+}
+
+/// `<attached_gpus>` of the XML, where present.
+fn announced_xml(root: &roxmltree::Node) -> Option<usize> {
+    root.children().find(|n| n.has_tag_name("attached_gpus"))?.text()?.trim().parse().ok()
+}
+
+/// An answer announcing N GPUs must hold N GPU sections: fewer is a dump cut
+/// short, whose missing GPUs would otherwise read as "no fabric".
+fn check_count(announced: Option<usize>, found: usize) -> Result<(), ParseError> {
+    match announced {
+        None => Err(ParseError::Input("no \"Attached GPUs\" count: not the output of nvidia-smi -q".into())),
+        Some(n) if n != found => Err(ParseError::Input(format!("it announces {n} attached GPUs but holds {found}: truncated"))),
+        Some(_) => Ok(()),
+    }
 }
 
 fn indent(line: &str) -> usize {
@@ -51,6 +134,8 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
     let mut out = BTreeMap::new();
     let mut gpu: Option<String> = None;
     let mut in_fabric: Option<usize> = None;
+    let mut announced = None;
+    let mut sections = 0;
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         let trimmed = line.trim();
@@ -60,17 +145,26 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
         if indent(line) == 0 {
             in_fabric = None;
             if let Some(addr) = trimmed.strip_prefix("GPU ") {
-                let norm = pci::normalize(addr).ok_or_else(|| ParseError {
+                let norm = pci::normalize(addr).ok_or_else(|| ParseError::Line {
                     line: n,
                     why: format!("{addr:?} is not a PCI address"),
                 })?;
                 gpu = Some(norm);
+                sections += 1;
+            } else if let Some((key, value)) = trimmed.split_once(':') {
+                if key.trim() == "Attached GPUs" {
+                    let count = value.trim().parse().map_err(|_| ParseError::Line {
+                        line: n,
+                        why: format!("Attached GPUs {:?} is not a number", value.trim()),
+                    })?;
+                    announced = Some(count);
+                }
             }
             continue;
         }
         if trimmed == "Fabric" {
             let Some(g) = &gpu else {
-                return Err(ParseError { line: n, why: "Fabric block outside a GPU section".into() });
+                return Err(ParseError::Line { line: n, why: "Fabric block outside a GPU section".into() });
             };
             out.insert(g.clone(), FabricInfo::default());
             in_fabric = Some(indent(line));
@@ -94,6 +188,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
             _ => {}
         }
     }
+    check_count(announced, sections)?;
     Ok(out)
 }
 

@@ -1,0 +1,100 @@
+//! The rule that an unreadable fact is never an answer of "no".
+//!
+//! Discovery reads each fact as an answer (present, or absent because the
+//! kernel has no such attribute) or as unreadable, with the reason. An
+//! unreadable fact is listed on its endpoint; this module then fills each one
+//! from the previous record (matched by PCI address, else by interface name)
+//! and marks it kept. With no previous value the fact stays unknown, which
+//! every consumer already reads as `Unverified`, never as absence.
+
+use crate::record::{Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
+use crate::sysfs::SysRoot;
+
+/// One attribute read as an answer or as unreadable: `Ok(Some(text))` read,
+/// `Ok(None)` the kernel has no such attribute, `Err(reason)` it is there (or
+/// may be) and could not be read.
+pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, String> {
+    match root.read_trimmed(rel) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An attribute that must parse as `T` when present; text that does not
+/// parse is unreadable too (a truncated or foreign value is not an answer).
+pub(crate) fn parsed<T: std::str::FromStr>(root: &SysRoot, rel: &str) -> Result<Option<T>, String> {
+    match attribute(root, rel)? {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| format!("{rel}: {v:?} is not a number")),
+    }
+}
+
+/// Notes an unreadable fact on an endpoint (not yet kept).
+pub(crate) fn note(iface: &mut Interface, fact: &str, reason: String) {
+    iface.unreadable.push(UnreadableFact { fact: fact.to_string(), reason, kept: false });
+}
+
+/// The previous record's endpoint matching `ep`: same PCI address, or for a
+/// device off the PCI bus (or a placeholder) the same interface name.
+fn matching<'a>(previous: &'a NodeRecord, ep: &Interface) -> Option<&'a Interface> {
+    previous.endpoints().into_iter().map(|(p, _)| p).find(|p| match (&ep.pci_bus_id, &p.pci_bus_id) {
+        (Some(a), Some(b)) => a == b,
+        (None, _) => ep.name.is_some() && p.name == ep.name,
+        _ => false,
+    })
+}
+
+/// Copies one fact's value from `prev` into `ep`; false for a fact name this
+/// function does not know (a bug, caught by the fault-table tests).
+fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> bool {
+    match fact.fact.as_str() {
+        "interface" => {
+            // The whole interface could not be read: everything but the
+            // verdict is the previous pass's. The link cannot have been read
+            // either, so the verdict says that instead of repeating an old one.
+            let unreadable = std::mem::take(&mut ep.unreadable);
+            *ep = prev.clone();
+            ep.unreadable = unreadable;
+            if let Some(link) = ep.link.as_mut() {
+                *link = LinkVerdict {
+                    state: LinkState::Unverified,
+                    reason: Some(format!("interface unreadable: {}", fact.reason)),
+                    ports: vec![],
+                    first_seen: None,
+                };
+            }
+        }
+        "mtu" => ep.mtu = prev.mtu,
+        "up" => ep.up = prev.up,
+        "numa" => ep.numa = prev.numa,
+        "cpuAffinity" => ep.cpu_affinity = prev.cpu_affinity.clone(),
+        "physicalFunction" => ep.physical_function = prev.physical_function,
+        "virtualFunctionsConfigured" => ep.virtual_functions_configured = prev.virtual_functions_configured,
+        "virtualFunctions" => ep.virtual_functions = prev.virtual_functions.clone(),
+        "rdmaDevice" => {
+            ep.rdma = prev.rdma;
+            ep.rdma_device = prev.rdma_device.clone();
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Fills every unreadable fact of the record from `previous`, marking each
+/// one kept; facts with nothing to keep stay unknown and unmarked.
+pub fn keep_previous(record: &mut NodeRecord, previous: Option<&NodeRecord>) {
+    let Some(previous) = previous else { return };
+    record.for_each_endpoint_mut(|ep| {
+        if ep.unreadable.is_empty() {
+            return;
+        }
+        let Some(prev) = matching(previous, ep) else { return };
+        let facts = ep.unreadable.clone();
+        for (i, fact) in facts.iter().enumerate() {
+            let known = copy_fact(ep, prev, fact);
+            debug_assert!(known, "unknown fact name {}", fact.fact);
+            ep.unreadable[i].kept = known;
+        }
+    });
+}

@@ -1,0 +1,91 @@
+//! Running a vendor tool (`nvidia-smi`) as an answer that can fail: it may be
+//! missing, exit non-zero, hang, or print without end. Each of those is an
+//! unreadable answer naming the command, never a hung pass or an empty one.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use wait_timeout::ChildExt;
+
+/// The default time a vendor tool gets before it is killed (`--tool-timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most output a tool may print: `nvidia-smi -q` on a 16-GPU node is a
+/// few hundred KiB, so more than this is not an answer but a runaway.
+pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
+
+/// Runs `bin args…` and returns its standard output, or why it is unreadable:
+/// not started, killed after `timeout`, exited non-zero, or over [`MAX_OUTPUT`].
+pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, String> {
+    let cmd = format!("{} {}", bin.display(), args.join(" "));
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {cmd}: {e}"))?;
+    // Both pipes are drained on their own threads, so a tool that fills one
+    // while we wait on the other cannot deadlock the pass. Each thread hands
+    // its bytes over a channel, so the wait for them is bounded too.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(p) = pipe {
+                let _ = p.take(MAX_OUTPUT + 1).read_to_end(&mut buf);
+            }
+            let _ = tx.send(buf);
+        });
+        rx
+    };
+    let started = std::time::Instant::now();
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let status = match child.wait_timeout(timeout).map_err(|e| format!("waiting for {cmd}: {e}"))? {
+        Some(status) => status,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{cmd} did not answer within {}, killed", humantime::format_duration(timeout)));
+        }
+    };
+    // A child that exited but left a grandchild holding its pipes open would
+    // keep the readers waiting: they get what is left of the timeout.
+    let left = || timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+    let stdout = out
+        .recv_timeout(left())
+        .map_err(|_| format!("{cmd} exited but its output did not end within {}", humantime::format_duration(timeout)))?;
+    let stderr = err.recv_timeout(left()).unwrap_or_default();
+    if !status.success() {
+        return Err(format!("{cmd} exited with {status}: {}", String::from_utf8_lossy(&stderr).trim()));
+    }
+    if stdout.len() as u64 > MAX_OUTPUT {
+        return Err(format!("{cmd} printed more than {MAX_OUTPUT} bytes, refused"));
+    }
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_tool_is_killed_and_unreadable() {
+        let e = output(Path::new("sleep"), &["30"], Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("did not answer within") && e.contains("sleep 30"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_tool_names_itself() {
+        let e = output(Path::new("/nonexistent/nvidia-smi"), &["-q"], DEFAULT_TIMEOUT).unwrap_err();
+        assert!(e.contains("/nonexistent/nvidia-smi -q"), "{e}");
+    }
+
+    #[test]
+    fn a_failing_tool_reports_its_status_and_stderr() {
+        let e = output(Path::new("sh"), &["-c", "echo broken >&2; exit 3"], DEFAULT_TIMEOUT).unwrap_err();
+        assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
+    }
+}
