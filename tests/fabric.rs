@@ -118,7 +118,7 @@ fn nvidia_unreadable_keeps_previous_fabric() {
     let again = publish(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
     assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
     let inv = ok(nodefabric(&["inventory", "--sysfs-root", sys.path().to_str().unwrap(), "--state-dir", sd.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]));
-    assert!(inv.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)") && inv.contains("previous answer kept"), "{inv}");
+    assert!(inv.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)") && inv.contains("kept from the previous pass"), "{inv}");
     // A library that loads but is not NVML (no nvmlInit symbol): the same, never a crash.
     if let Some(libm) = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6"].into_iter().find(|p| std::path::Path::new(p).exists()) {
         let again = publish(&["--nvml-lib", libm]);
