@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 /// The file in `--state-dir` holding the last published record.
 pub const STATE_RECORD: &str = "record.json";
@@ -109,10 +109,8 @@ pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("removing {}", dir.join(name).display())),
             },
-            Err(e) => {
-                error!("keeping the previous {}: {e}", dir.join(name).display());
-                failed.push(e.to_string());
-            }
+            // Reported once, by the pass's error; the previous file stays.
+            Err(e) => failed.push(format!("{} kept: {e}", dir.join(name).display())),
         }
     }
     if !failed.is_empty() {

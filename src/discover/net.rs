@@ -60,6 +60,10 @@ fn bus_of(root: &SysRoot, device: &str) -> String {
         .unwrap_or_else(|_| "unknown".to_string())
 }
 
+/// The operational states the kernel prints in `operstate` (RFC 2863); any
+/// other text is not an answer.
+const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"];
+
 /// Builds an interface from its net folder (if it has a netdev) and its device
 /// folder (if it has a device). An attribute the kernel does not have is an
 /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
@@ -84,6 +88,9 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         // `unknown` is what drivers without carrier reporting (loopback, some
         // virtual NICs) say; then the administrative IFF_UP flag decides.
         match attribute(root, &join(net, "operstate")) {
+            Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
+                note(&mut iface, "up", format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"));
+            }
             Ok(oper) => {
                 let oper = oper.unwrap_or_default();
                 if oper == "unknown" {

@@ -1,0 +1,480 @@
+//! The fault table: for each fact a real node can fail to answer, and for each
+//! way it can fail (a folder where a file belongs, a dangling link, a FIFO, a
+//! file over 64 KiB, text that is not a value), a publish before the fault
+//! and one after it, with one state folder. Nothing published may disappear:
+//! no label, no CDI device (and so no kubelet token, which the device plugin
+//! derives one-to-one from the CDI devices), and preflight names the kept fact.
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+#[path = "support/host.rs"]
+#[allow(dead_code)]
+mod host;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const NOW: &str = "2026-03-01T12:00:00Z";
+
+fn nodefabric(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(args)
+        .env("NODEFABRIC_NOW", NOW)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .output()
+        .expect("run nodefabric")
+}
+
+/// How an attribute or folder is broken.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    /// A folder where a file belongs.
+    Folder,
+    /// A symlink whose target does not exist.
+    Dangling,
+    /// A FIFO: a blocking read would hang the pass.
+    Fifo,
+    /// A file past the 64 KiB attribute cap.
+    Huge,
+    /// A regular file where a folder belongs.
+    File,
+    /// Text that is not the value the kernel prints.
+    Garbage,
+}
+
+/// The forms that make a file attribute unreadable.
+const FILE_FORMS: [Form; 5] = [Form::Folder, Form::Dangling, Form::Fifo, Form::Huge, Form::Garbage];
+/// The forms that make a folder unreadable.
+const FOLDER_FORMS: [Form; 3] = [Form::Dangling, Form::Fifo, Form::File];
+
+/// Replaces whatever is at `path` with `form`.
+fn break_path(path: &Path, form: Form) {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path).unwrap(),
+        Ok(_) => fs::remove_file(path).unwrap(),
+        Err(_) => {}
+    }
+    match form {
+        Form::Folder => fs::create_dir(path).unwrap(),
+        Form::Dangling => std::os::unix::fs::symlink("gone.by.now", path).unwrap(),
+        Form::Fifo => {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo {}", path.display());
+        }
+        Form::Huge => fs::write(path, "1".repeat(70 * 1024)).unwrap(),
+        Form::File => fs::write(path, "not a folder\n").unwrap(),
+        Form::Garbage => fs::write(path, "\u{fffd}garbage\n").unwrap(),
+    }
+}
+
+/// Everything one publish left for its consumers.
+#[derive(Debug, PartialEq)]
+struct Published {
+    /// `key=value` lines of the feature file.
+    labels: BTreeSet<String>,
+    /// `file: device` for every CDI device of every spec.
+    devices: BTreeSet<String>,
+}
+
+/// A fixture tree and the folders `publish` writes, all in one temp folder.
+struct Node {
+    _dir: tempfile::TempDir,
+    sys: PathBuf,
+    out: PathBuf,
+}
+
+impl Node {
+    fn new(build: impl FnOnce(&Path)) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        fs::create_dir(&sys).unwrap();
+        build(&sys);
+        let out = dir.path().join("out");
+        Node { sys, out, _dir: dir }
+    }
+
+    fn dir(&self, name: &str) -> String {
+        self.out.join(name).to_str().unwrap().to_string()
+    }
+
+    fn args<'a>(&'a self, cmd: &'a str, dirs: &'a [String; 3], extra: &'a [&'a str]) -> Vec<&'a str> {
+        let mut a = vec![cmd, "--sysfs-root", self.sys.to_str().unwrap(), "--state-dir", &dirs[2]];
+        if cmd == "publish" {
+            a.extend(["--features-dir", &dirs[0], "--cdi-dir", &dirs[1]]);
+        }
+        a.extend_from_slice(extra);
+        a
+    }
+
+    fn dirs(&self) -> [String; 3] {
+        [self.dir("features.d"), self.dir("cdi"), self.dir("state")]
+    }
+
+    /// Publishes once; the pass must succeed.
+    fn publish(&self, extra: &[&str]) -> Published {
+        let dirs = self.dirs();
+        let o = nodefabric(&self.args("publish", &dirs, extra));
+        assert!(o.status.success(), "publish failed: {}", String::from_utf8_lossy(&o.stderr));
+        let features = fs::read_to_string(self.out.join("features.d/nodefabric")).unwrap();
+        let labels = features.lines().filter(|l| !l.starts_with('#')).map(str::to_string).collect();
+        let mut devices = BTreeSet::new();
+        for entry in fs::read_dir(self.out.join("cdi")).unwrap() {
+            let path = entry.unwrap().path();
+            let spec: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+            for d in spec["devices"].as_array().unwrap() {
+                devices.insert(format!("{}: {}", path.file_name().unwrap().to_string_lossy(), d["name"].as_str().unwrap()));
+            }
+        }
+        Published { labels, devices }
+    }
+
+    /// Preflight's report with the same state folder.
+    fn preflight(&self, extra: &[&str]) -> String {
+        let dirs = self.dirs();
+        let o = nodefabric(&self.args("preflight", &dirs, extra));
+        assert!(o.status.code().is_some_and(|c| c < 2), "preflight errored: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// The canonical device folder of interface `name`.
+    fn device_of(&self, name: &str) -> PathBuf {
+        fs::canonicalize(self.sys.join("class/net").join(name).join("device")).unwrap()
+    }
+}
+
+/// Runs one row of the table: publish, break `target(node)` with `form`,
+/// publish again, and hold the rule.
+fn row(fault: &str, build: fn(&Path) -> fixtures::Tree, target: impl Fn(&Node) -> PathBuf, form: Form, fact: &str) {
+    let node = Node::new(|d| drop(build(d)));
+    let before = node.publish(&[]);
+    assert!(!before.devices.is_empty(), "{fault}: the fixture publishes CDI devices");
+    break_path(&target(&node), form);
+    let after = node.publish(&[]);
+    let lost_labels: Vec<_> = before.labels.difference(&after.labels).collect();
+    let lost_devices: Vec<_> = before.devices.difference(&after.devices).collect();
+    assert!(lost_labels.is_empty(), "{fault} as {form:?}: labels lost: {lost_labels:?}");
+    assert!(lost_devices.is_empty(), "{fault} as {form:?}: CDI devices (tokens) lost: {lost_devices:?}");
+    let report = node.preflight(&[]);
+    assert!(
+        report.contains(&format!("{fact}: kept from the previous pass:")),
+        "{fault} as {form:?}: preflight does not name the kept fact {fact}:\n{report}"
+    );
+}
+
+#[test]
+fn unreadable_sriov_numvfs_keeps_partitioned_tokens() {
+    for form in FILE_FORMS {
+        row("sriov_numvfs", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("sriov_numvfs"), form, "virtualFunctionsConfigured");
+    }
+}
+
+#[test]
+fn unreadable_sriov_totalvfs_keeps_partitioned_tokens() {
+    for form in FILE_FORMS {
+        row("sriov_totalvfs", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("sriov_totalvfs"), form, "physicalFunction");
+    }
+}
+
+#[test]
+fn unreadable_infiniband_folder_keeps_the_rdma_device() {
+    for form in FOLDER_FORMS {
+        row("device/infiniband", fixtures::gpu8_switch_paired, |n| n.device_of("enp19s0np0").join("infiniband"), form, "rdmaDevice");
+    }
+}
+
+#[test]
+fn unreadable_numa_node_keeps_the_numa_label() {
+    for form in FILE_FORMS {
+        row("numa_node", fixtures::no_accelerator, |n| n.device_of("enp1s0np0").join("numa_node"), form, "numa");
+    }
+}
+
+#[test]
+fn unreadable_operstate_keeps_up() {
+    for form in FILE_FORMS {
+        row("operstate", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0/operstate"), form, "up");
+    }
+}
+
+#[test]
+fn unreadable_nic_folder_keeps_the_whole_interface() {
+    for form in FOLDER_FORMS {
+        row("class/net entry", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0"), form, "interface");
+    }
+}
+
+#[test]
+fn unreadable_nic_device_link_keeps_the_whole_interface() {
+    row("device link", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0/device"), Form::Dangling, "interface");
+}
+
+/// One GPU and one NIC whose link is up.
+fn single_port_up(d: &Path) -> fixtures::Tree {
+    fixtures::single_port(d, fixtures::UP)
+}
+
+#[test]
+fn unreadable_accelerator_vendor_keeps_the_distance_label() {
+    for form in FILE_FORMS {
+        row("accelerator vendor", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/vendor"), form, "accelerator");
+    }
+}
+
+#[test]
+fn unreadable_accelerator_numa_node_is_kept() {
+    // The accelerator's NUMA node feeds no label on its own; the rule still holds.
+    for form in FILE_FORMS {
+        row("accelerator numa_node", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/numa_node"), form, "numa");
+    }
+}
+
+#[test]
+fn a_kernel_blank_numa_is_an_answer_not_an_unreadable_fact() {
+    let node = Node::new(|d| drop(fixtures::no_accelerator(d)));
+    node.publish(&[]);
+    fs::write(node.device_of("enp1s0np0").join("numa_node"), "-1\n").unwrap();
+    let report = node.preflight(&[]);
+    assert!(!report.contains("could not read"), "{report}");
+}
+
+#[test]
+fn no_previous_record_leaves_an_unreadable_fact_unknown() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    break_path(&node.device_of("enp4s0f0np0").join("sriov_numvfs"), Form::Fifo);
+    let report = node.preflight(&[]);
+    assert!(report.contains("virtualFunctionsConfigured: unknown (no previous pass to keep it from)"), "{report}");
+}
+
+/// The previous record is what keeps facts: a state folder's record is read
+/// back from disk by the next pass, so the JSON field must round-trip.
+#[test]
+fn kept_facts_are_marked_in_the_record() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    node.publish(&[]);
+    break_path(&node.device_of("enp4s0f0np0").join("sriov_numvfs"), Form::Dangling);
+    node.publish(&[]);
+    let record: serde_json::Value = serde_json::from_str(&fs::read_to_string(node.out.join("state/record.json")).unwrap()).unwrap();
+    let pf = &record["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "enp4s0f0np0").unwrap().clone();
+    assert_eq!(pf["virtualFunctionsConfigured"], 4);
+    assert_eq!(pf["unreadable"][0]["fact"], "virtualFunctionsConfigured");
+    assert_eq!(pf["unreadable"][0]["kept"], true);
+    assert!(pf["unreadable"][0]["reason"].as_str().unwrap().contains("dangling link"), "{pf}");
+}
+
+const UUID: &str = "5b0e1122-3344-5566-7788-99aabbccddef";
+
+/// `nvidia-smi -q -x` for the gpu8 fixture, in the tool's XML layout.
+fn nvsmi_xml(gpus: u32) -> String {
+    let mut s = String::from("<?xml version=\"1.0\" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">\n<nvidia_smi_log>\n\t<driver_version>570.86.15</driver_version>\n\t<attached_gpus>8</attached_gpus>\n");
+    for i in 0..gpus {
+        let host = if i < 4 { 0x00 } else { 0x80 };
+        let bus = host + 0x10 * (i % 4) + 0x10 + 2;
+        s.push_str(&format!(
+            "\t<gpu id=\"00000000:{bus:02X}:00.0\">\n\t\t<product_name>NVIDIA H100 80GB HBM3</product_name>\n\t\t<fabric>\n\t\t\t<state>Completed</state>\n\t\t\t<status>Success</status>\n\t\t\t<cliqueId>1</cliqueId>\n\t\t\t<clusterUuid>{UUID}</clusterUuid>\n\t\t\t<health>\n\t\t\t\t<bandwidth>Full</bandwidth>\n\t\t\t</health>\n\t\t</fabric>\n\t</gpu>\n"
+        ));
+    }
+    s.push_str("</nvidia_smi_log>\n");
+    s
+}
+
+fn domain(p: &Published) -> Option<&String> {
+    p.labels.iter().find(|l| l.contains("/fabric.domain="))
+}
+
+#[test]
+fn nvidia_smi_q_xml_is_a_first_class_answer() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let xml = node.out.with_file_name("q.xml");
+    fs::write(&xml, nvsmi_xml(8)).unwrap();
+    let p = node.publish(&["--nvidia-smi-q", xml.to_str().unwrap()]);
+    assert_eq!(domain(&p).map(String::as_str), Some("feature.gpustack.ai/fabric.domain=nvlink-5b0e112233445566778899aabbccddef-1"));
+}
+
+#[test]
+fn nvidia_smi_answer_that_is_not_q_output_keeps_the_domain() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let q = node.out.with_file_name("q.txt");
+    let text = fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID));
+    fs::write(&q, &text).unwrap();
+    let before = node.publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
+    assert!(domain(&before).is_some());
+    let cut = text.find("GPU 00000000:92").unwrap();
+    let bad: [(&str, String); 6] = [
+        ("empty", String::new()),
+        ("JSON", "{\"gpus\": []}\n".into()),
+        ("truncated text", text[..cut].to_string()),
+        ("truncated XML", nvsmi_xml(8)[..400].to_string()),
+        ("XML announcing more GPUs than it holds", nvsmi_xml(3)),
+        ("another tool's text", "Mon Mar  2 12:00:00 2026\nNo devices were found\n".into()),
+    ];
+    for (what, answer) in bad {
+        fs::write(&q, answer).unwrap();
+        let after = node.publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
+        assert_eq!(domain(&after), domain(&before), "{what}: fabric.domain lost");
+        let report = node.preflight(&["--nvidia-smi-q", q.to_str().unwrap()]);
+        assert!(report.contains("fabric unreadable, kept from the previous pass"), "{what}:\n{report}");
+    }
+}
+
+#[test]
+fn hung_nvidia_smi_is_killed_after_the_timeout_and_keeps_the_domain() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let q = node.out.with_file_name("q.txt");
+    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID))).unwrap();
+    let before = node.publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
+    let hang = node.out.with_file_name("nvidia-smi");
+    fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let after = node.publish(&["--nvidia-smi", hang.to_str().unwrap(), "--tool-timeout", "1s"]);
+    assert_eq!(domain(&after), domain(&before));
+    let report = node.preflight(&["--nvidia-smi", hang.to_str().unwrap(), "--tool-timeout", "1s"]);
+    assert!(report.contains("did not answer within 1s, killed"), "{report}");
+}
+
+#[test]
+fn fabric_warning_is_printed_once_per_pass_not_per_gpu() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let dirs = node.dirs();
+    let o = nodefabric(&node.args("preflight", &dirs, &["--nvidia-smi", "/nonexistent/nvidia-smi"]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("NVIDIA fabric unreadable").count(), 1, "{err}");
+    assert!(err.contains("no previous answer to keep"), "{err}");
+    // `rails` and `cdi` do not use the fabric: they do not ask for it or warn about it.
+    let o = nodefabric(&["cdi", "--sysfs-root", node.sys.to_str().unwrap(), "--nvidia-smi", "/nonexistent/nvidia-smi"]);
+    assert!(o.status.success());
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("fabric"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn published_files_are_0644_and_readable_by_an_unprivileged_user() {
+    if !host::runnable("published_files_are_0644_and_readable_by_an_unprivileged_user", (!host::is_root()).then(|| "needs root to switch to uid 65534".to_string())) {
+        return;
+    }
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    // The temp folder is private to its creator; the nodefabric folders below
+    // it are created by publish itself, as on a node.
+    fs::set_permissions(node.out.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    node.publish(&[]);
+    let mut files = Vec::new();
+    for sub in ["features.d", "cdi"] {
+        for e in fs::read_dir(node.out.join(sub)).unwrap() {
+            files.push(e.unwrap().path());
+        }
+    }
+    assert!(files.len() >= 2, "{files:?}");
+    for f in files {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&f).unwrap().permissions()) & 0o777;
+        assert_eq!(mode, 0o644, "{} has mode {mode:o}", f.display());
+        let o = std::os::unix::process::CommandExt::gid(std::os::unix::process::CommandExt::uid(Command::new("cat").arg(&f), 65534), 65534)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "uid 65534 cannot read {}: {}", f.display(), String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+#[test]
+fn publish_fails_before_writing_anything_when_a_later_folder_is_unwritable() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let dirs = node.dirs();
+    fs::create_dir_all(node.out.join("state")).unwrap();
+    // a file where the CDI folder belongs: create_dir_all fails for every user, root included
+    fs::write(node.out.join("cdi"), "").unwrap();
+    let o = nodefabric(&node.args("publish", &dirs, &[]));
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cdi"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!node.out.join("features.d/nodefabric").exists(), "the first folder's file was written before the second folder failed");
+}
+
+#[test]
+fn publish_off_sys_requires_every_folder() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let o = nodefabric(&["publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &node.dir("f")]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--cdi-dir, --state-dir"), "{err}");
+}
+
+#[test]
+fn out_of_range_durations_are_usage_errors_naming_the_flag() {
+    for (flag, value) in [("--interval", "0s"), ("--interval", "0"), ("--expiry", "8000y"), ("--tool-timeout", "0s")] {
+        let mut args = vec!["publish", "--features-dir", "/nonexistent/f", "--cdi-dir", "/nonexistent/c", "--state-dir", "/nonexistent/s"];
+        args.extend([flag, value]);
+        let o = nodefabric(&args);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(flag) && !err.contains("panicked"), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
+fn broken_pipe_exits_quietly() {
+    // Larger than a pipe's buffer, so the writer is still writing when the reader hangs up.
+    let node = Node::new(|d| drop(fixtures::large(d, 256)));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["inventory", "--sysfs-root", node.sys.to_str().unwrap(), "--nvidia-smi", "/nonexistent/nvidia-smi"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one byte, then hang up, as `| head -c1` does.
+    let mut out = child.stdout.take().unwrap();
+    let mut one = [0u8; 1];
+    std::io::Read::read_exact(&mut out, &mut one).unwrap();
+    drop(out);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked") && !err.contains("error:"), "{err}");
+    assert!(o.status.success(), "{:?} {err}", o.status);
+}
+
+#[test]
+fn each_error_is_printed_once_with_its_cause_once() {
+    let o = nodefabric(&["inventory", "--sysfs-root", "/nonexistent/tree"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
+fn version_names_the_commit() {
+    let o = nodefabric(&["--version"]);
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert!(v.starts_with("nodefabric ") && v.contains("(commit "), "{v}");
+}
+
+/// The NIC device folder of `single_port`, root-relative (for adding to the fixture).
+fn nic_dir(node: &Node, ifname: &str) -> String {
+    let sys = fs::canonicalize(&node.sys).unwrap();
+    node.device_of(ifname).strip_prefix(sys).unwrap().to_str().unwrap().to_string()
+}
+
+#[test]
+fn two_netdevs_on_one_rdma_device_give_one_cdi_device() {
+    let node = Node::new(|d| drop(single_port_up(d)));
+    // The second port of a dual-port HCA exposed on the same PCI function.
+    let t = fixtures::Tree::new(&node.sys);
+    t.netdev(&nic_dir(&node, "enp4s0np0"), "enp4s0np1", 4200, true);
+    let p = node.publish(&[]);
+    assert_eq!(p.devices.iter().filter(|d| d.ends_with(": mlx5_0")).count(), 1, "{p:?}");
+    let spec: serde_json::Value = serde_json::from_str(&fs::read_to_string(node.out.join("cdi/nodefabric-rdma.json")).unwrap()).unwrap();
+    assert_eq!(spec["devices"][0]["annotations"]["rdma.gpustack.ai/interface"], "enp4s0np0+enp4s0np1");
+}
+
+#[test]
+fn rdma_device_name_outside_the_cdi_grammar_is_refused_and_never_written() {
+    let node = Node::new(|d| drop(fixtures::Tree::new(d)));
+    let t = fixtures::Tree::new(&node.sys);
+    let nic = t.pci(&[&fixtures::addr(0, 1, 0), &fixtures::addr(1, 0, 0)], fixtures::MELLANOX, 0x1017, fixtures::CLASS_ETH, 0);
+    t.netdev(&nic, "enp1s0np0", 1500, true);
+    t.rdma(&nic, "mlx5_0,gpu=all", &[fixtures::UP]);
+    let dirs = node.dirs();
+    let o = nodefabric(&node.args("publish", &dirs, &[]));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("\"mlx5_0,gpu=all\" is not a valid CDI device name"), "{err}");
+    assert_eq!(err.matches("mlx5_0,gpu=all").count(), 1, "the error is printed once: {err}");
+    assert!(!node.out.join("cdi/nodefabric-rdma.json").exists());
+}
