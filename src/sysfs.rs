@@ -336,6 +336,20 @@ impl SysRoot {
         Ok(names)
     }
 
+    /// The text of the symlink at `rel`, unresolved (the last component is
+    /// not followed): what a link says even when its target is gone.
+    pub fn link_text(&self, rel: &str) -> Result<String, SysError> {
+        let parent = Path::new(rel).parent().and_then(Path::to_str).unwrap_or("");
+        let dir = if parent.is_empty() { self.root.clone() } else { self.resolve_abs(parent)? };
+        let name = Path::new(rel).file_name().ok_or_else(|| SysError::Io {
+            path: rel.to_string(),
+            cause: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        fs::read_link(dir.join(name))
+            .map(|t| t.to_string_lossy().into_owned())
+            .map_err(|cause| SysError::Io { path: rel.to_string(), cause })
+    }
+
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
         let Ok(abs) = self.resolve_abs(rel) else { return false };

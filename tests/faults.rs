@@ -478,3 +478,11 @@ fn rdma_device_name_outside_the_cdi_grammar_is_refused_and_never_written() {
     assert_eq!(err.matches("mlx5_0,gpu=all").count(), 1, "the error is printed once: {err}");
     assert!(!node.out.join("cdi/nodefabric-rdma.json").exists());
 }
+
+#[test]
+fn unreadable_vf_keeps_its_partitioned_token() {
+    for form in [Form::Dangling, Form::File] {
+        // The VF's own folder is gone or replaced; the PF's virtfn link still names it.
+        row("VF folder", fixtures::vf_only, |n| fs::canonicalize(n.device_of("enp4s0f0np0").join("virtfn0")).unwrap(), form, "interface");
+    }
+}

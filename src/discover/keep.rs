@@ -45,8 +45,8 @@ fn matching<'a>(previous: &'a NodeRecord, ep: &Interface) -> Option<&'a Interfac
     })
 }
 
-/// Copies one fact's value from `prev` into `ep`; false for a fact name this
-/// function does not know (a bug, caught by the fault-table tests).
+/// Copies one fact's value from `prev` into `ep`; false when there is nothing
+/// to copy (the previous endpoint has no such value for it).
 fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> bool {
     match fact.fact.as_str() {
         "interface" => {
@@ -65,6 +65,7 @@ fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> boo
                 };
             }
         }
+        "bus" => ep.bus = prev.bus.clone(),
         "mtu" => ep.mtu = prev.mtu,
         "up" => ep.up = prev.up,
         "numa" => ep.numa = prev.numa,
@@ -72,6 +73,12 @@ fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> boo
         "physicalFunction" => ep.physical_function = prev.physical_function,
         "virtualFunctionsConfigured" => ep.virtual_functions_configured = prev.virtual_functions_configured,
         "virtualFunctions" => ep.virtual_functions = prev.virtual_functions.clone(),
+        // The verbs device belongs to the RDMA device: kept only for the same one.
+        "verbs" if prev.rdma_device == ep.rdma_device && prev.verbs.is_some() => {
+            ep.verbs = prev.verbs.clone();
+            ep.verbs_error = None;
+        }
+        "verbs" => return false,
         "rdmaDevice" => {
             ep.rdma = prev.rdma;
             ep.rdma_device = prev.rdma_device.clone();
@@ -91,10 +98,8 @@ pub fn keep_previous(record: &mut NodeRecord, previous: Option<&NodeRecord>) {
         }
         let Some(prev) = matching(previous, ep) else { return };
         let facts = ep.unreadable.clone();
-        for (i, fact) in facts.iter().enumerate() {
-            let known = copy_fact(ep, prev, fact);
-            debug_assert!(known, "unknown fact name {}", fact.fact);
-            ep.unreadable[i].kept = known;
+        for (i, fact) in facts.iter().enumerate().filter(|(_, f)| !f.kept) {
+            ep.unreadable[i].kept = copy_fact(ep, prev, fact);
         }
     });
 }

@@ -37,7 +37,12 @@ pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Res
     // Before the verbs lookup, so a kept RDMA device name resolves to its
     // character device like a freshly read one.
     keep::keep_previous(&mut record, previous);
-    resolve_verbs(&mut record, &rdma::VerbsIndex::read(root));
+    let verbs = rdma::VerbsIndex::read(root);
+    resolve_verbs(&mut record, &verbs);
+    if verbs.has_unreadable() {
+        // A verbs device the index could not read is kept like any other fact.
+        keep::keep_previous(&mut record, previous);
+    }
     stamp_first_seen(&mut record, previous, now);
     Ok(record)
 }
@@ -49,7 +54,12 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
         if let Some(ibdev) = &iface.rdma_device {
             match index.lookup(ibdev) {
                 Ok(dev) => iface.verbs = Some(dev),
-                Err(why) => iface.verbs_error = Some(why),
+                Err(why) => {
+                    if index.has_unreadable() {
+                        keep::note(iface, "verbs", why.clone());
+                    }
+                    iface.verbs_error = Some(why);
+                }
             }
         }
     });

@@ -53,11 +53,14 @@ fn interface(root: &SysRoot, name: &str) -> Result<Option<Interface>, SysError> 
     Ok(Some(iface))
 }
 
-/// The bus a device sits on, from its `subsystem` link.
-fn bus_of(root: &SysRoot, device: &str) -> String {
-    root.resolve(&join(device, "subsystem"))
-        .map(|s| basename(&s).to_string())
-        .unwrap_or_else(|_| "unknown".to_string())
+/// The bus a device sits on, from its `subsystem` link: `Ok(None)` when the
+/// device has no such link, an error when it is there and cannot be read.
+fn bus_of(root: &SysRoot, device: &str) -> Result<Option<String>, SysError> {
+    match root.resolve(&join(device, "subsystem")) {
+        Ok(s) => Ok(Some(basename(&s).to_string())),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The operational states the kernel prints in `operstate` (RFC 2863); any
@@ -70,9 +73,13 @@ const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown"
 /// as unreadable, for [`keep::keep_previous`] to fill in.
 fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
-    let bus = match device {
-        Some(dev) => bus_of(root, dev),
-        None => "virtual".to_string(),
+    let (bus, bus_unreadable) = match device.map(|dev| bus_of(root, dev)) {
+        None => ("virtual".to_string(), None),
+        Some(Ok(bus)) => (bus.unwrap_or_else(|| "unknown".to_string()), None),
+        // A device folder named by a PCI address is on the PCI bus whatever
+        // its unreadable link says; the bus itself is kept from before.
+        Some(Err(e)) if device.is_some_and(|d| crate::pci::normalize(basename(d)).is_some()) => ("pci".to_string(), Some(e.to_string())),
+        Some(Err(e)) => ("unknown".to_string(), Some(e.to_string())),
     };
     let mut iface = Interface {
         name,
@@ -80,6 +87,9 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         is_virtual,
         ..Default::default()
     };
+    if let Some(why) = bus_unreadable {
+        note(&mut iface, "bus", why);
+    }
     if let Some(net) = netdir {
         match parsed(root, &join(net, "mtu")) {
             Ok(v) => iface.mtu = v,
@@ -162,7 +172,22 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Result<Vec
         let vf_dev = match root.resolve(&join(pf_dev, entry)) {
             Ok(d) => d,
             Err(e) => {
-                warn!("skipping VF {entry} of {}: {e}", pf.pci_bus_id.as_deref().unwrap_or("?"));
+                // The link still names the VF's PCI address: a placeholder
+                // under that address lets the previous record fill it in, so
+                // its partitioned token is not withdrawn.
+                let addr = root.link_text(&join(pf_dev, entry)).ok().and_then(|t| crate::pci::normalize(basename(&t)));
+                warn!("VF {entry} of {} unreadable: {e}", pf.pci_bus_id.as_deref().unwrap_or("?"));
+                if let Some(addr) = addr {
+                    let mut vf = Interface {
+                        bus: "pci".into(),
+                        pci_bus_id: Some(addr),
+                        parent: pf.pci_bus_id.clone(),
+                        topology: pf.topology.clone(),
+                        ..Default::default()
+                    };
+                    note(&mut vf, "interface", e.to_string());
+                    vfs.push(vf);
+                }
                 continue;
             }
         };

@@ -96,6 +96,9 @@ fn parse_dev(value: &str) -> Option<(u32, u32)> {
 pub struct VerbsIndex {
     by_ibdev: HashMap<String, CharDevice>,
     checked: Vec<String>,
+    /// Some entry (or the class folder) could not be read, so a device
+    /// missing from the index may be there: its absence is no answer.
+    unreadable: bool,
 }
 
 impl VerbsIndex {
@@ -105,6 +108,7 @@ impl VerbsIndex {
         let entries = match root.list("class/infiniband_verbs") {
             Ok(e) => e,
             Err(e) => {
+                index.unreadable = !e.is_not_found();
                 index.checked.push(format!("class/infiniband_verbs ({e})"));
                 return index;
             }
@@ -118,17 +122,25 @@ impl VerbsIndex {
                     index.checked.push(format!("{base}/ibdev = {ibdev}"));
                     index.by_ibdev.insert(ibdev, CharDevice { path: format!("/dev/infiniband/{uverbs}"), major, minor });
                 }
-                (ibdev, _) => index.checked.push(format!(
+                (ibdev, _) => {
+                    index.unreadable = true;
+                    index.checked.push(format!(
                     "{base} (ibdev: {}, dev: {})",
                     ibdev.unwrap_or_else(|e| e.to_string()),
                     dev.map_or_else(|e| e.to_string(), |v| format!("{v:?} is not major:minor")),
-                )),
+                    ))
+                }
             }
         }
         if index.checked.is_empty() {
             index.checked.push("class/infiniband_verbs (empty)".into());
         }
         index
+    }
+
+    /// True when some verbs entry could not be read.
+    pub fn has_unreadable(&self) -> bool {
+        self.unreadable
     }
 
     /// The verbs device of `ibdev`, or a diagnostic naming every place checked.
