@@ -153,7 +153,7 @@ pub enum Fault {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     /// The archive could not be opened.
-    #[error("{}: {source}", archive.display())]
+    #[error("opening {}", archive.display())]
     Open {
         /// The archive.
         archive: PathBuf,
@@ -161,7 +161,7 @@ pub enum ReplayError {
         source: io::Error,
     },
     /// Not gzip, not tar, or damaged.
-    #[error("{} is not a tar.gz capture: {source}", archive.display())]
+    #[error("{} is not a tar.gz capture", archive.display())]
     NotACapture {
         /// The archive.
         archive: PathBuf,
@@ -215,7 +215,7 @@ pub enum ReplayError {
         archive: PathBuf,
     },
     /// The temp folder could not be made.
-    #[error("creating a replay folder in {}: {source}", dir.display())]
+    #[error("creating a replay folder in {}", dir.display())]
     TempFolder {
         /// The temp folder it was to go in.
         dir: PathBuf,
@@ -223,7 +223,7 @@ pub enum ReplayError {
         source: io::Error,
     },
     /// Writing an entry failed.
-    #[error("{}: entry {entry:?}: writing {}: {source}", archive.display(), path.display())]
+    #[error("{}: entry {entry:?}: writing {}", archive.display(), path.display())]
     Write {
         /// The archive.
         archive: PathBuf,
