@@ -24,7 +24,9 @@ static FOLDERS: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 static WATCHER: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Holds the folder list; a signal's cleanup waits until it is dropped.
-pub struct Hold(#[allow(dead_code)] MutexGuard<'static, BTreeSet<PathBuf>>);
+pub struct Hold {
+    _held: MutexGuard<'static, BTreeSet<PathBuf>>,
+}
 
 /// Takes the folder list's lock (a panic elsewhere does not disable cleanup).
 fn folders() -> MutexGuard<'static, BTreeSet<PathBuf>> {
@@ -80,7 +82,7 @@ impl Folder {
 
     /// Keeps a signal's cleanup waiting while the caller writes into the folder.
     pub fn hold(&self) -> Hold {
-        Hold(folders())
+        Hold { _held: folders() }
     }
 }
 

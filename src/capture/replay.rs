@@ -130,7 +130,7 @@ pub enum Fault {
         /// The kind, in words.
         kind: String,
     },
-    /// The same name twice.
+    /// The same name twice (a folder named again is no harm and passes).
     #[error("appears twice")]
     Duplicate,
     /// An entry whose folder is a link or file in the archive: writing it
@@ -247,11 +247,6 @@ impl Replay {
     /// The replayed sysfs tree (the archive's `sysfs/` folder).
     pub fn tree(&self) -> PathBuf {
         self.folder.path().join(TOP)
-    }
-
-    /// The unpack folder (the tree's parent).
-    pub fn folder(&self) -> &Path {
-        self.folder.path()
     }
 }
 
@@ -458,8 +453,11 @@ impl Unpacker<'_> {
         if path == Path::new(TOP) && kind != Kind::Folder {
             return Err(self.refused(name, Fault::TopNotFolder));
         }
-        if self.unpacked.contains_key(path) {
-            return Err(self.refused(name, Fault::Duplicate));
+        match self.unpacked.get(path) {
+            // A folder named again (or after its contents) changes nothing.
+            Some(Kind::Folder) if kind == Kind::Folder => return Ok(()),
+            Some(_) => return Err(self.refused(name, Fault::Duplicate)),
+            None => {}
         }
         // Folders the archive leaves out are made; a link or file in the way is refused.
         let _hold = self.folder.hold();
@@ -565,6 +563,55 @@ fn kind_in_words(kind: tar::EntryType) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tar.gz of `(name, Some(text))` files and `(name, None)` folders, in order.
+    fn archive(dir: &Path, entries: &[(&str, Option<&str>)]) -> PathBuf {
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+        for (name, text) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(if text.is_some() { tar::EntryType::Regular } else { tar::EntryType::Directory });
+            h.set_size(text.map_or(0, |t| t.len() as u64));
+            h.set_mode(0o000);
+            tar.append_data(&mut h, name, text.unwrap_or("").as_bytes()).unwrap();
+        }
+        let path = dir.join("a.tar.gz");
+        fs::write(&path, tar.into_inner().unwrap().finish().unwrap()).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_folder_named_after_its_contents_is_not_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = archive(dir.path(), &[("sysfs/class/net/x", Some("1\n")), ("sysfs", None), ("sysfs/class", None)]);
+        let replay = unpack(&a, &Limits::default()).unwrap();
+        assert_eq!(fs::read_to_string(replay.tree().join("class/net/x")).unwrap(), "1\n");
+    }
+
+    #[test]
+    fn archive_modes_are_not_applied_to_the_replayed_tree() {
+        // Every header says mode 000: kept, a non-root replay could neither
+        // read the tree nor remove its folder.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let a = archive(dir.path(), &[("sysfs", None), ("sysfs/class", None), ("sysfs/class/x", Some("1"))]);
+        let replay = unpack(&a, &Limits::default()).unwrap();
+        let mode = |p: PathBuf| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // Compared under the umask's reach: owner bits only where it may bite.
+        assert_eq!(mode(replay.tree()) & 0o700, 0o700);
+        assert_eq!(mode(replay.tree().join("class")) & 0o700, 0o700);
+        assert_eq!(mode(replay.tree().join("class/x")) & 0o7600, 0o400);
+        let folder = replay.tree().parent().unwrap().to_path_buf();
+        drop(replay);
+        assert!(!folder.exists(), "{} left behind", folder.display());
+    }
+
+    #[test]
+    fn an_archive_without_the_top_folder_is_not_a_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = archive(dir.path(), &[]);
+        let err = unpack(&a, &Limits::default()).unwrap_err();
+        assert!(matches!(err, ReplayError::NoTree { .. }), "{err}");
+    }
 
     #[test]
     fn the_help_default_for_max_bytes_is_the_cap_the_code_uses() {
