@@ -10,10 +10,14 @@
 //! Replay ([`replay`]) treats an archive as hostile input.
 
 mod cleanup;
+pub mod errors;
+pub mod limits;
 pub mod links;
 pub mod replay;
 
-pub use replay::{unpack, Limits, Replay, ReplayError};
+pub use errors::{Fault, ReplayError};
+pub use limits::Limits;
+pub use replay::{unpack, Replay};
 
 use crate::sysfs::{Entry, Recorded};
 use anyhow::{Context, Result};

@@ -26,12 +26,12 @@ pub struct Cli {
     pub sysfs_root: PathBuf,
 
     /// Replaying a capture: refuse an archive of more entries than this.
-    #[arg(long, global = true, value_name = "N", default_value_t = crate::capture::replay::DEFAULT_MAX_ENTRIES, value_parser = crate::capture::replay::parse_max_entries)]
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::capture::limits::DEFAULT_MAX_ENTRIES, value_parser = crate::capture::limits::parse_max_entries)]
     pub replay_max_entries: u64,
 
     /// Replaying a capture: refuse an archive that unpacks to more bytes
     /// than this (a number, optionally with B, KiB, MiB or GiB).
-    #[arg(long, global = true, value_name = "SIZE", default_value = "256MiB", value_parser = crate::capture::replay::parse_max_bytes)]
+    #[arg(long, global = true, value_name = "SIZE", default_value = "256MiB", value_parser = crate::capture::limits::parse_max_bytes)]
     pub replay_max_bytes: u64,
 
     /// Label key namespace (the part before `/`). nfd-master must allow it:

@@ -7,6 +7,8 @@
 //! folder goes away on every exit path, SIGINT and SIGTERM included.
 
 use super::cleanup::Folder;
+use super::errors::{Fault, ReplayError};
+use super::limits::{Limits, MAX_HEADER_BYTES};
 use super::links::{self, LinkFault};
 use super::TOP;
 use flate2::read::GzDecoder;
@@ -17,224 +19,6 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
-
-/// Default for `--replay-max-entries`: a large node's capture holds a few
-/// thousand entries; a hundred thousand leaves room without inviting abuse.
-pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
-
-/// Default for `--replay-max-bytes`: captures are attributes of a page or
-/// less each, so a real one is a few MiB at most.
-pub const DEFAULT_MAX_BYTES: u64 = 256 * MIB;
-
-/// The most header bytes (long names, pax records) one entry may carry: the
-/// tar reader buffers them whole, so without a bound a tiny archive could
-/// make it allocate gigabytes before any cap is checked.
-pub const MAX_HEADER_BYTES: u64 = 64 * 1024;
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-const GIB: u64 = 1024 * MIB;
-
-/// The range `--replay-max-entries` accepts.
-const ENTRIES_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000_000;
-
-/// The range `--replay-max-bytes` accepts.
-const BYTES_RANGE: std::ops::RangeInclusive<u64> = KIB..=64 * GIB;
-
-/// How much of an archive a replay may unpack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// The most entries (folders, files, links).
-    pub max_entries: u64,
-    /// The most bytes, summed over every entry's size.
-    pub max_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_entries: DEFAULT_MAX_ENTRIES,
-            max_bytes: DEFAULT_MAX_BYTES,
-        }
-    }
-}
-
-/// Parses `--replay-max-entries`: a whole number in [`ENTRIES_RANGE`].
-pub fn parse_max_entries(s: &str) -> Result<u64, String> {
-    let n: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of entries"))?;
-    in_range(n, &ENTRIES_RANGE, "entries")
-}
-
-/// Parses `--replay-max-bytes`: a whole number of bytes, optionally with a
-/// binary unit (`B`, `KiB`, `MiB`, `GiB`), in [`BYTES_RANGE`].
-pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let scale = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => KIB,
-        "MiB" => MIB,
-        "GiB" => GIB,
-        _ => {
-            return Err(format!(
-                "{s:?}: expected a number of bytes with an optional unit B, KiB, MiB or GiB"
-            ))
-        }
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of bytes"))?;
-    let bytes = n
-        .checked_mul(scale)
-        .ok_or_else(|| format!("{s:?} is too large"))?;
-    in_range(bytes, &BYTES_RANGE, "bytes")
-}
-
-fn in_range(n: u64, range: &std::ops::RangeInclusive<u64>, what: &str) -> Result<u64, String> {
-    if range.contains(&n) {
-        Ok(n)
-    } else {
-        Err(format!(
-            "{n} {what} is out of range ({}..={})",
-            range.start(),
-            range.end()
-        ))
-    }
-}
-
-/// Why an entry was refused; the archive and entry are named by [`ReplayError`].
-#[derive(Debug, thiserror::Error)]
-pub enum Fault {
-    /// An absolute name, or one with `..` or `.` components.
-    #[error("not a plain relative path")]
-    NotRelative,
-    /// A name outside the archive's top folder.
-    #[error("outside the {TOP}/ folder")]
-    OutsideTop,
-    /// The top folder itself as a file or link (`sysfs -> /sys`).
-    #[error("the top {TOP} must be a folder")]
-    TopNotFolder,
-    /// A hard link: it could tie a replayed name to a file elsewhere.
-    #[error("a hard link (to {target:?}), which a capture never holds")]
-    HardLink {
-        /// The name it links to.
-        target: String,
-    },
-    /// A device node, FIFO or any other kind a capture never holds.
-    #[error("{kind}, which a capture never holds (only folders, regular files and symlinks)")]
-    Kind {
-        /// The kind, in words.
-        kind: String,
-    },
-    /// The same name twice (a folder named again is no harm and passes).
-    #[error("appears twice")]
-    Duplicate,
-    /// An entry whose folder is a link or file in the archive: writing it
-    /// would follow the link.
-    #[error("lies under {parent:?}, which is not a folder")]
-    UnderNonFolder {
-        /// The archive's entry in the way.
-        parent: String,
-    },
-    /// A symlink with an empty target.
-    #[error("a symlink with an empty target")]
-    EmptyTarget,
-    /// A symlink that leads outside the unpack folder.
-    #[error("a symlink that leaves the unpack folder: {0}")]
-    Link(LinkFault),
-}
-
-/// Why a capture could not be replayed; each names the archive and, where
-/// one is at fault, the entry.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The archive could not be opened.
-    #[error("opening {}", archive.display())]
-    Open {
-        /// The archive.
-        archive: PathBuf,
-        /// The failure.
-        source: io::Error,
-    },
-    /// Not gzip, not tar, or damaged.
-    #[error("{} is not a tar.gz capture", archive.display())]
-    NotACapture {
-        /// The archive.
-        archive: PathBuf,
-        /// What the reader met.
-        source: io::Error,
-    },
-    /// An entry refused for what it is.
-    #[error("{}: entry {entry:?} refused: {fault}", archive.display())]
-    Refused {
-        /// The archive.
-        archive: PathBuf,
-        /// The entry's name as stored.
-        entry: String,
-        /// Why.
-        fault: Fault,
-    },
-    /// More entries than `--replay-max-entries`.
-    #[error("{}: more than {limit} entries (at {entry:?}); --replay-max-entries raises the limit", archive.display())]
-    TooManyEntries {
-        /// The archive.
-        archive: PathBuf,
-        /// The first entry past the limit.
-        entry: String,
-        /// The limit.
-        limit: u64,
-    },
-    /// More bytes than `--replay-max-bytes`.
-    #[error("{}: entry {entry:?} ({size} bytes) takes the unpacked size past {limit} bytes; --replay-max-bytes raises the limit", archive.display())]
-    TooLarge {
-        /// The archive.
-        archive: PathBuf,
-        /// The entry that went past the limit.
-        entry: String,
-        /// Its size.
-        size: u64,
-        /// The limit.
-        limit: u64,
-    },
-    /// Header data (long names, pax records) over [`MAX_HEADER_BYTES`].
-    #[error("{}: the header after entry {after:?} is over {MAX_HEADER_BYTES} bytes", archive.display())]
-    HeaderTooLarge {
-        /// The archive.
-        archive: PathBuf,
-        /// The last entry read before it ("" at the start).
-        after: String,
-    },
-    /// The archive holds no top folder.
-    #[error("{}: no {TOP}/ folder: not a nodefabric capture", archive.display())]
-    NoTree {
-        /// The archive.
-        archive: PathBuf,
-    },
-    /// The temp folder could not be made.
-    #[error("creating a replay folder in {}", dir.display())]
-    TempFolder {
-        /// The temp folder it was to go in.
-        dir: PathBuf,
-        /// The failure.
-        source: io::Error,
-    },
-    /// Writing an entry failed.
-    #[error("{}: entry {entry:?}: writing {}", archive.display(), path.display())]
-    Write {
-        /// The archive.
-        archive: PathBuf,
-        /// The entry.
-        entry: String,
-        /// Where it was being written.
-        path: PathBuf,
-        /// The failure.
-        source: io::Error,
-    },
-}
 
 /// An unpacked capture: the tree to read, and the folder that holds it,
 /// removed when this is dropped (or when SIGINT/SIGTERM ends the process).
@@ -566,13 +350,21 @@ mod tests {
 
     /// A tar.gz of `(name, Some(text))` files and `(name, None)` folders, in order.
     fn archive(dir: &Path, entries: &[(&str, Option<&str>)]) -> PathBuf {
-        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
         for (name, text) in entries {
             let mut h = tar::Header::new_gnu();
-            h.set_entry_type(if text.is_some() { tar::EntryType::Regular } else { tar::EntryType::Directory });
+            h.set_entry_type(if text.is_some() {
+                tar::EntryType::Regular
+            } else {
+                tar::EntryType::Directory
+            });
             h.set_size(text.map_or(0, |t| t.len() as u64));
             h.set_mode(0o000);
-            tar.append_data(&mut h, name, text.unwrap_or("").as_bytes()).unwrap();
+            tar.append_data(&mut h, name, text.unwrap_or("").as_bytes())
+                .unwrap();
         }
         let path = dir.join("a.tar.gz");
         fs::write(&path, tar.into_inner().unwrap().finish().unwrap()).unwrap();
@@ -582,9 +374,19 @@ mod tests {
     #[test]
     fn a_folder_named_after_its_contents_is_not_a_duplicate() {
         let dir = tempfile::tempdir().unwrap();
-        let a = archive(dir.path(), &[("sysfs/class/net/x", Some("1\n")), ("sysfs", None), ("sysfs/class", None)]);
+        let a = archive(
+            dir.path(),
+            &[
+                ("sysfs/class/net/x", Some("1\n")),
+                ("sysfs", None),
+                ("sysfs/class", None),
+            ],
+        );
         let replay = unpack(&a, &Limits::default()).unwrap();
-        assert_eq!(fs::read_to_string(replay.tree().join("class/net/x")).unwrap(), "1\n");
+        assert_eq!(
+            fs::read_to_string(replay.tree().join("class/net/x")).unwrap(),
+            "1\n"
+        );
     }
 
     #[test]
@@ -593,7 +395,14 @@ mod tests {
         // read the tree nor remove its folder.
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let a = archive(dir.path(), &[("sysfs", None), ("sysfs/class", None), ("sysfs/class/x", Some("1"))]);
+        let a = archive(
+            dir.path(),
+            &[
+                ("sysfs", None),
+                ("sysfs/class", None),
+                ("sysfs/class/x", Some("1")),
+            ],
+        );
         let replay = unpack(&a, &Limits::default()).unwrap();
         let mode = |p: PathBuf| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         // Compared under the umask's reach: owner bits only where it may bite.
@@ -611,44 +420,5 @@ mod tests {
         let a = archive(dir.path(), &[]);
         let err = unpack(&a, &Limits::default()).unwrap_err();
         assert!(matches!(err, ReplayError::NoTree { .. }), "{err}");
-    }
-
-    #[test]
-    fn the_help_default_for_max_bytes_is_the_cap_the_code_uses() {
-        // cli.rs spells the default as text for --help; it must mean this.
-        assert_eq!(parse_max_bytes("256MiB"), Ok(DEFAULT_MAX_BYTES));
-    }
-
-    #[test]
-    fn byte_sizes_take_binary_units() {
-        assert_eq!(parse_max_bytes("4096"), Ok(4096));
-        assert_eq!(parse_max_bytes("2 KiB"), Ok(2048));
-        assert_eq!(parse_max_bytes("1GiB"), Ok(GIB));
-    }
-
-    #[test]
-    fn zero_negative_overflowing_and_unknown_sizes_are_refused() {
-        for bad in [
-            "0",
-            "-1",
-            "12",
-            "65GiB",
-            "99999999999999999999",
-            "18446744073709551615GiB",
-            "1MB",
-            "1.5MiB",
-            "MiB",
-            "",
-        ] {
-            assert!(parse_max_bytes(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn zero_and_absurd_entry_counts_are_refused() {
-        assert_eq!(parse_max_entries("100000"), Ok(DEFAULT_MAX_ENTRIES));
-        for bad in ["0", "-5", "10000001", "1e5", "many"] {
-            assert!(parse_max_entries(bad).is_err(), "{bad:?} accepted");
-        }
     }
 }
