@@ -1,6 +1,6 @@
 //! Removes replay folders when the process is told to stop.
 //!
-//! A temp folder's own `Drop` never runs when SIGINT or SIGTERM ends the
+//! A temp folder's own `Drop` never runs when a signal ends the
 //! process, so a replayed capture (a copy of a node's sysfs, maybe large)
 //! would stay behind in `$TMPDIR`. One watcher thread, started on the first
 //! replay, removes every folder still registered and then ends the process
@@ -10,7 +10,7 @@
 //! entry: a signal therefore never removes a folder half-way through a write
 //! that then recreates part of it.
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::collections::BTreeSet;
 use std::io;
@@ -36,8 +36,8 @@ fn folders() -> MutexGuard<'static, BTreeSet<PathBuf>> {
 /// Starts the watcher once; later calls return how the first one went.
 fn watch() -> io::Result<()> {
     let started = WATCHER.get_or_init(|| {
-        let mut signals =
-            Signals::new([SIGINT, SIGTERM]).map_err(|e| format!("watching SIGINT/SIGTERM: {e}"))?;
+        let mut signals = Signals::new([SIGHUP, SIGINT, SIGTERM])
+            .map_err(|e| format!("watching SIGHUP/SIGINT/SIGTERM: {e}"))?;
         std::thread::Builder::new()
             .name("replay-cleanup".into())
             .spawn(move || {
@@ -56,8 +56,8 @@ fn watch() -> io::Result<()> {
     started.clone().map_err(io::Error::other)
 }
 
-/// A folder that is removed when this is dropped, or when SIGINT or SIGTERM
-/// ends the process first.
+/// A folder that is removed when this is dropped, or when SIGHUP, SIGINT or
+/// SIGTERM ends the process first (a closed terminal, Ctrl-C, a stop).
 #[derive(Debug)]
 pub struct Folder {
     path: PathBuf,

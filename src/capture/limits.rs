@@ -48,7 +48,7 @@ pub fn parse_max_entries(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a whole number of entries"))?;
-    in_range(n, &ENTRIES_RANGE, "entries")
+    in_range(n, &ENTRIES_RANGE, "entries", "1 to 10000000")
 }
 
 /// Parses `--replay-max-bytes`: a whole number of bytes, optionally with a
@@ -74,18 +74,20 @@ pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
     let bytes = n
         .checked_mul(scale)
         .ok_or_else(|| format!("{s:?} is too large"))?;
-    in_range(bytes, &BYTES_RANGE, "bytes")
+    in_range(bytes, &BYTES_RANGE, "bytes", "1KiB to 64GiB")
 }
 
-fn in_range(n: u64, range: &std::ops::RangeInclusive<u64>, what: &str) -> Result<u64, String> {
+/// Keeps `n` when `range` holds it; `spelled` is the range as a user writes it.
+fn in_range(
+    n: u64,
+    range: &std::ops::RangeInclusive<u64>,
+    what: &str,
+    spelled: &str,
+) -> Result<u64, String> {
     if range.contains(&n) {
         Ok(n)
     } else {
-        Err(format!(
-            "{n} {what} is out of range ({}..={})",
-            range.start(),
-            range.end()
-        ))
+        Err(format!("{n} {what} is out of range ({spelled})"))
     }
 }
 
