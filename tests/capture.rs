@@ -212,7 +212,7 @@ fn dot_dot_and_absolute_entry_names_are_refused() {
     assert!(err.contains(&aim) && err.contains("not a plain relative path"), "{err}");
     assert!(!dir.path().join("escaped").exists());
     let err = refused(top().file("elsewhere/file", "x").finish(), &[]);
-    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the sysfs/ folder"), "{err}");
+    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the folders a capture holds (sysfs/)"), "{err}");
 }
 
 #[test]

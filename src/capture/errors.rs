@@ -3,6 +3,7 @@
 
 use super::limits::MAX_HEADER_BYTES;
 use super::links::LinkFault;
+use super::replay::TOPS;
 use super::TOP;
 use std::io;
 use std::path::PathBuf;
@@ -13,11 +14,11 @@ pub enum Fault {
     /// An absolute name, or one with `..` or `.` components.
     #[error("not a plain relative path")]
     NotRelative,
-    /// A name outside the archive's top folder.
-    #[error("outside the {TOP}/ folder")]
+    /// A name outside the top folders a capture holds.
+    #[error("outside the folders a capture holds ({}/)", TOPS.join("/, "))]
     OutsideTop,
-    /// The top folder itself as a file or link (`sysfs -> /sys`).
-    #[error("the top {TOP} must be a folder")]
+    /// A top folder itself as a file or link (`sysfs -> /sys`).
+    #[error("a top name must be a folder")]
     TopNotFolder,
     /// A hard link: it could tie a replayed name to a file elsewhere.
     #[error("a hard link (to {target:?}), which a capture never holds")]

@@ -20,6 +20,10 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 
+/// The top folders a capture may hold; any other name is refused. Each must
+/// be a folder, so that no top name can be a link to the host's own tree.
+pub(crate) const TOPS: &[&str] = &[TOP];
+
 /// An unpacked capture: the tree to read, and the folder that holds it,
 /// removed when this is dropped (or when SIGINT/SIGTERM ends the process).
 #[derive(Debug)]
@@ -195,7 +199,11 @@ impl Unpacker<'_> {
         {
             return Err(self.refused(name, Fault::NotRelative));
         }
-        if path.components().next() != Some(Component::Normal(std::ffi::OsStr::new(TOP))) {
+        let first = path.components().next().map(|c| c.as_os_str());
+        if !TOPS
+            .iter()
+            .any(|top| first == Some(std::ffi::OsStr::new(top)))
+        {
             return Err(self.refused(name, Fault::OutsideTop));
         }
         let kind = match entry.header().entry_type() {
@@ -234,7 +242,7 @@ impl Unpacker<'_> {
                 ))
             }
         };
-        if path == Path::new(TOP) && kind != Kind::Folder {
+        if path.components().count() == 1 && kind != Kind::Folder {
             return Err(self.refused(name, Fault::TopNotFolder));
         }
         match self.unpacked.get(path) {
