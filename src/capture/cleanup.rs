@@ -45,7 +45,12 @@ fn watch() -> io::Result<()> {
                     // Kept locked until the process ends: nothing is written after this.
                     let held = folders();
                     for dir in held.iter() {
-                        let _ = std::fs::remove_dir_all(dir);
+                        if let Err(e) = std::fs::remove_dir_all(dir) {
+                            eprintln!(
+                                "nodefabric: removing the replay folder {}: {e}",
+                                dir.display()
+                            );
+                        }
                     }
                     let _ = signal_hook::low_level::emulate_default_handler(signal);
                 }
