@@ -6,12 +6,24 @@
 //! symlinks it followed or listed (their target text), the directories it
 //! walked or listed, and, for a file it only tested for, an empty file of the
 //! same name. Nothing else of the host is copied.
+//!
+//! Replay ([`replay`]) treats an archive as hostile input.
+
+mod cleanup;
+pub mod errors;
+pub mod limits;
+pub mod links;
+pub mod replay;
+
+pub use errors::{Fault, ReplayError};
+pub use limits::Limits;
+pub use replay::{unpack, Replay};
 
 use crate::sysfs::{Entry, Recorded};
-use anyhow::{bail, Context, Result};
-use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+use anyhow::{Context, Result};
+use flate2::{write::GzEncoder, Compression};
 use std::collections::BTreeSet;
-use std::path::{Component, Path};
+use std::path::{Path, PathBuf};
 
 /// The archive's top folder; replay reads the tree under it.
 pub const TOP: &str = "sysfs";
@@ -56,7 +68,8 @@ pub fn pack(recorded: &Recorded) -> Result<Vec<u8>> {
             Entry::Dir => {}
             Entry::Link(target) => {
                 let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-                tar.append_link(&mut h, &name, target).with_context(|| format!("archiving link {path}"))?;
+                let target = stored_target(path, target, recorded);
+                tar.append_link(&mut h, &name, &target).with_context(|| format!("archiving link {path}"))?;
             }
             Entry::File(bytes) => {
                 let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);
@@ -72,28 +85,26 @@ pub fn pack(recorded: &Recorded) -> Result<Vec<u8>> {
     Ok(gz.finish()?)
 }
 
+/// The target a link is archived with: its own text when it stays inside the
+/// tree, else `..` up to the archive's top, outside `sysfs/`. A replay
+/// refuses links that leave the unpack folder, and this one does not, yet
+/// reading through it still lands outside the sysfs root, as it did live.
+fn stored_target(path: &str, target: &str, recorded: &Recorded) -> String {
+    let read_link = |p: &Path| match recorded.get(p.to_str()?) {
+        Some(Entry::Link(t)) => Some(PathBuf::from(t)),
+        _ => None,
+    };
+    match links::check(Path::new(path), Path::new(target), read_link) {
+        Ok(()) => target.to_string(),
+        Err(fault) => {
+            let depth = Path::new(path).components().count();
+            tracing::warn!("{path}: {fault}; archived as a link out of the {TOP}/ folder");
+            vec![".."; depth].join("/")
+        }
+    }
+}
+
 /// True for a path `--sysfs-root` should treat as a capture archive.
 pub fn is_archive(path: &Path) -> bool {
     path.is_file()
-}
-
-/// Unpacks a capture into a fresh temporary folder and returns it with the
-/// tree's path. Entries that would land outside the folder are refused.
-pub fn unpack(archive: &Path) -> Result<(tempfile::TempDir, std::path::PathBuf)> {
-    let file = std::fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
-    let dir = tempfile::Builder::new().prefix("nodefabric-replay.").tempdir()?;
-    let mut tar = tar::Archive::new(GzDecoder::new(file));
-    for entry in tar.entries().with_context(|| format!("{} is not a tar.gz capture", archive.display()))? {
-        let mut entry = entry.with_context(|| format!("{} is not a tar.gz capture", archive.display()))?;
-        let path = entry.path()?.into_owned();
-        if path.components().any(|c| !matches!(c, Component::Normal(_))) {
-            bail!("{}: entry {} is not a plain relative path", archive.display(), path.display());
-        }
-        entry.unpack_in(dir.path()).with_context(|| format!("unpacking {}", path.display()))?;
-    }
-    let tree = dir.path().join(TOP);
-    if !tree.is_dir() {
-        bail!("{}: no {TOP}/ folder: not a nodefabric capture", archive.display());
-    }
-    Ok((dir, tree))
 }

@@ -25,6 +25,15 @@ pub struct Cli {
     #[arg(long, global = true, default_value = "/sys", env = "NODEFABRIC_SYSFS_ROOT", value_name = "DIR")]
     pub sysfs_root: PathBuf,
 
+    /// Replaying a capture: refuse an archive of more entries than this.
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::capture::limits::DEFAULT_MAX_ENTRIES, value_parser = crate::capture::limits::parse_max_entries)]
+    pub replay_max_entries: u64,
+
+    /// Replaying a capture: refuse an archive that unpacks to more bytes
+    /// than this (a number, optionally with B, KiB, MiB or GiB).
+    #[arg(long, global = true, value_name = "SIZE", default_value = "256MiB", value_parser = crate::capture::limits::parse_max_bytes)]
+    pub replay_max_bytes: u64,
+
     /// Label key namespace (the part before `/`). nfd-master must allow it:
     /// see nfd-hooks/README.md.
     #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS", value_parser = parse_namespace)]
@@ -401,8 +410,10 @@ fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
     if !crate::capture::is_archive(&cli.sysfs_root) {
         return execute(cli);
     }
-    let (_replay, tree) = crate::capture::unpack(&cli.sysfs_root)?;
-    execute(&Cli { sysfs_root: tree, ..cli.clone() })
+    let limits = crate::capture::Limits { max_entries: cli.replay_max_entries, max_bytes: cli.replay_max_bytes };
+    // Lives until the command is done; dropping it removes the folder.
+    let replay = crate::capture::unpack(&cli.sysfs_root, &limits)?;
+    execute(&Cli { sysfs_root: replay.tree(), ..cli.clone() })
 }
 
 fn execute(cli: &Cli) -> Result<ExitCode> {

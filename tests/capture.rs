@@ -4,10 +4,16 @@
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
+#[path = "support/archive.rs"]
+mod archive;
+
+use archive::Hostile;
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::Path;
-use std::process::{Command, Output};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use tar::EntryType;
 
 fn nodefabric(root: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nodefabric"))
@@ -119,4 +125,277 @@ fn a_file_that_is_not_a_capture_is_a_clear_error() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("notes.txt") && err.contains("not a tar.gz capture"), "{err}");
+}
+
+// Hostile archives. Each is replayed from a scratch folder whose `tmp/` is the
+// replay's TMPDIR, so the unpack folder sits two levels below the scratch
+// folder and `sysfs/../../../x` would land in it: the scratch folder must be
+// exactly as it was afterwards, the temp folder included.
+
+/// Every path under `dir`, links not followed.
+fn listing(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if fs::symlink_metadata(&p).unwrap().is_dir() {
+                todo.push(p.clone());
+            }
+            out.insert(p);
+        }
+    }
+    out
+}
+
+/// The names directly in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+/// A scratch folder holding `archive` as `node.tar.gz` and an empty `tmp/`.
+fn scratch(archive: &[u8]) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    fs::create_dir(&tmp).unwrap();
+    let path = dir.path().join("node.tar.gz");
+    fs::write(&path, archive).unwrap();
+    (dir, path, tmp)
+}
+
+/// `nodefabric` with the replay's temp folder pointed at `tmp`.
+fn replay(archive: &Path, tmp: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+    c.arg("--sysfs-root").arg(archive).args(args).env("TMPDIR", tmp).env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z").env("PATH", "/nonexistent");
+    c
+}
+
+/// Replays `archive` (with `args` before `inventory`), expects a refusal
+/// that names the archive and leaves nothing behind; returns the error text.
+fn refused(archive: Vec<u8>, args: &[&str]) -> String {
+    let (dir, path, tmp) = scratch(&archive);
+    let before = listing(dir.path());
+    let o = replay(&path, &tmp, &[args, &["inventory"]].concat()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "not refused: {err}");
+    assert!(o.stdout.is_empty(), "printed a record: {}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(listing(dir.path()), before, "the replay left something behind or outside its folder; {err}");
+    assert!(err.contains("node.tar.gz"), "the error does not name the archive: {err}");
+    err
+}
+
+/// A minimal valid start: the top folder and one subfolder.
+fn top() -> Hostile {
+    Hostile::new().dir("sysfs/").dir("sysfs/class/")
+}
+
+#[test]
+fn a_top_folder_that_is_a_link_to_the_live_sys_is_refused() {
+    let err = refused(Hostile::new().symlink("sysfs", "/sys").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs""#) && err.contains(r#""/sys" is absolute"#), "{err}");
+    let err = refused(Hostile::new().symlink("sysfs", "..").dir("sysfs/class/").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs""#) && err.contains("must be a folder"), "{err}");
+}
+
+#[test]
+fn dot_dot_and_absolute_entry_names_are_refused() {
+    let err = refused(top().file("sysfs/../../../escaped", "x").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs/../../../escaped""#) && err.contains("not a plain relative path"), "{err}");
+    let err = refused(top().file("sysfs/class/../../../../escaped", "x").finish(), &[]);
+    assert!(err.contains("not a plain relative path"), "{err}");
+    // An absolute name aimed at the scratch folder itself.
+    let (dir, _, _) = scratch(b"");
+    let aim = format!("{}/escaped", dir.path().display());
+    let err = refused(top().file(&aim, "x").finish(), &[]);
+    assert!(err.contains(&aim) && err.contains("not a plain relative path"), "{err}");
+    assert!(!dir.path().join("escaped").exists());
+    let err = refused(top().file("elsewhere/file", "x").finish(), &[]);
+    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the folders a capture holds (sysfs/)"), "{err}");
+}
+
+#[test]
+fn link_targets_that_climb_out_of_the_unpack_folder_are_refused() {
+    let err = refused(top().symlink("sysfs/class/evil", "../../../../escaped").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs/class/evil""#) && err.contains("climbs above"), "{err}");
+    // Lexically inside (`d/e/x`), really outside: `up` is the unpack folder.
+    let through = top().symlink("sysfs/class/up", "../..").symlink("sysfs/class/l", "up/../x").finish();
+    let err = refused(through, &[]);
+    assert!(err.contains(r#"entry "sysfs/class/l""#) && err.contains(r#""up/../x""#), "{err}");
+}
+
+#[test]
+fn an_entry_written_through_a_link_is_refused_before_it_is_written() {
+    // `out` leads to the scratch folder; `out/escaped` would land there if
+    // written before the links are checked.
+    let err = refused(top().symlink("sysfs/out", "../../..").file("sysfs/out/escaped", "x").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs/out/escaped""#) && err.contains(r#"under "sysfs/out""#), "{err}");
+    let err = refused(top().file("sysfs/class/f", "x").file("sysfs/class/f/g", "y").finish(), &[]);
+    assert!(err.contains("not a folder"), "{err}");
+}
+
+#[test]
+fn absolute_link_targets_are_refused() {
+    let err = refused(top().symlink("sysfs/class/net", "/sys/class/net").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs/class/net""#) && err.contains(r#""/sys/class/net" is absolute"#), "{err}");
+}
+
+#[test]
+fn hard_links_are_refused() {
+    let err = refused(top().file("sysfs/class/a", "x").hardlink("sysfs/class/b", "sysfs/class/a").finish(), &[]);
+    assert!(err.contains(r#"entry "sysfs/class/b""#) && err.contains("hard link"), "{err}");
+    let err = refused(top().hardlink("sysfs/class/shadow", "/etc/shadow").finish(), &[]);
+    assert!(err.contains("hard link") && err.contains("/etc/shadow"), "{err}");
+}
+
+#[test]
+fn device_nodes_fifos_and_other_kinds_are_refused() {
+    for (kind, words) in [(EntryType::Char, "character device"), (EntryType::Block, "block device"), (EntryType::Fifo, "FIFO"), (EntryType::Continuous, "contiguous file"), (EntryType::new(b'Z'), "type 'Z'")] {
+        let err = refused(top().entry(kind, "sysfs/class/odd", "", 0, std::io::empty()).finish(), &[]);
+        assert!(err.contains(r#"entry "sysfs/class/odd""#) && err.contains(words), "{kind:?}: {err}");
+    }
+}
+
+#[test]
+fn a_name_that_appears_twice_is_refused() {
+    let err = refused(top().file("sysfs/class/a", "x").file("sysfs/class/a", "y").finish(), &[]);
+    assert!(err.contains("appears twice"), "{err}");
+}
+
+#[test]
+fn a_gzip_bomb_over_the_byte_cap_is_refused() {
+    let bomb = top().zeros("sysfs/class/big", 4 << 20).finish();
+    assert!(bomb.len() < 64 * 1024, "the bomb is {} bytes", bomb.len());
+    let err = refused(bomb, &["--replay-max-bytes", "1MiB"]);
+    assert!(err.contains(r#"entry "sysfs/class/big""#) && err.contains("past 1048576 bytes") && err.contains("--replay-max-bytes"), "{err}");
+    // Many files, each under the cap, together over it.
+    let mut many = top();
+    for i in 0..8 {
+        many = many.zeros(&format!("sysfs/class/part{i}"), 200 * 1024);
+    }
+    let err = refused(many.finish(), &["--replay-max-bytes", "1MiB"]);
+    assert!(err.contains(r#"entry "sysfs/class/part5""#), "{err}");
+}
+
+#[test]
+fn an_oversized_long_name_header_is_refused_before_it_is_buffered() {
+    let err = refused(top().long_name(8 << 20).file("sysfs/class/x", "x").finish(), &[]);
+    assert!(err.contains("header after entry \"sysfs/class/\"") && err.contains("65536 bytes"), "{err}");
+}
+
+#[test]
+fn too_many_entries_are_refused() {
+    let mut many = top();
+    for i in 0..20 {
+        many = many.file(&format!("sysfs/class/f{i}"), "1");
+    }
+    let err = refused(many.finish(), &["--replay-max-entries", "10"]);
+    assert!(err.contains("more than 10 entries") && err.contains(r#""sysfs/class/f8""#) && err.contains("--replay-max-entries"), "{err}");
+}
+
+#[test]
+fn a_real_capture_replays_at_exactly_its_entry_count_and_not_one_below() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::gpu8_switch_paired(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    let n = members(&archive).len();
+    let scratch_tmp = tmp.path().join("tmp");
+    fs::create_dir(&scratch_tmp).unwrap();
+    let at = replay(&archive, &scratch_tmp, &["--replay-max-entries", &n.to_string(), "inventory"]).output().unwrap();
+    assert!(at.status.success(), "{}", String::from_utf8_lossy(&at.stderr));
+    assert_eq!(at.stdout, nodefabric(&root, &["inventory"]).stdout);
+    let below = replay(&archive, &scratch_tmp, &["--replay-max-entries", &(n - 1).to_string(), "inventory"]).output().unwrap();
+    assert_eq!(below.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&below.stderr).contains(&format!("more than {} entries", n - 1)));
+    assert!(names(&scratch_tmp).is_empty(), "replay folders left behind: {:?}", names(&scratch_tmp));
+}
+
+#[test]
+fn out_of_range_replay_caps_are_usage_errors_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (flag, value) in [("--replay-max-entries", "0"), ("--replay-max-entries", "many"), ("--replay-max-bytes", "0"), ("--replay-max-bytes", "1PiB"), ("--replay-max-bytes", "99999999999999999999GiB")] {
+        let o = replay(tmp.path(), tmp.path(), &[flag, value, "inventory"]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag) && err.contains(value), "{flag} {value}: {err}");
+    }
+    let help = replay(tmp.path(), tmp.path(), &["--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--replay-max-entries") && help.contains("100000") && help.contains("--replay-max-bytes") && help.contains("256MiB"), "{help}");
+}
+
+#[test]
+fn a_link_leaving_the_captured_tree_is_archived_as_a_link_out_of_sysfs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::hostile(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
+    let mut ar = tar::Archive::new(gz);
+    let evil = ar.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap() == Path::new("sysfs/class/net/evil")).expect("the link is archived");
+    // Up to the archive's top: inside the unpack folder, outside the sysfs root.
+    assert_eq!(evil.link_name().unwrap().unwrap(), Path::new("../../.."));
+}
+
+/// Lets the blocked `nvidia-smi` stand-in finish, however the test ends.
+struct Release(PathBuf);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.0, "");
+    }
+}
+
+/// Starts a replay whose `nvidia-smi -q` blocks until the test lets it go,
+/// sends `signal` once it runs (the tree is unpacked by then) and checks that
+/// the process ends by that signal and leaves no replay folder behind.
+fn signal_during_a_slow_replay(signal: i32) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::gpu8_switch_paired(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    let replay_tmp = tmp.path().join("tmp");
+    fs::create_dir(&replay_tmp).unwrap();
+    let started = tmp.path().join("started");
+    let release = tmp.path().join("release");
+    let smi = tmp.path().join("nvidia-smi");
+    // Shell built-ins and absolute paths only: PATH is /nonexistent. The
+    // loop gives up by itself after a few minutes should the test die first.
+    fs::write(&smi, format!("#!/bin/sh\n: > '{}'\ni=0\nwhile [ ! -e '{}' ] && [ $i -lt 5000 ]; do /bin/sleep 0.05; i=$((i+1)); done\n", started.display(), release.display())).unwrap();
+    let _release = Release(release);
+    fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut child = replay(&archive, &replay_tmp, &["--nvidia-smi", smi.to_str().unwrap(), "inventory"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Wait for the blocked nvidia-smi, or for the replay to end without it.
+    while !started.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("replay ended ({status}) before running nvidia-smi: {}", String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let folders = names(&replay_tmp);
+    assert!(folders.len() == 1 && folders[0].starts_with("nodefabric-replay."), "{folders:?}");
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(signal), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(names(&replay_tmp).is_empty(), "left behind: {:?}", names(&replay_tmp));
+}
+
+#[test]
+fn sigterm_during_a_slow_replay_leaves_no_replay_folder() {
+    signal_during_a_slow_replay(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_during_a_slow_replay_leaves_no_replay_folder() {
+    signal_during_a_slow_replay(libc::SIGINT);
+}
+
+#[test]
+fn sighup_during_a_slow_replay_leaves_no_replay_folder() {
+    signal_during_a_slow_replay(libc::SIGHUP);
 }

@@ -1,0 +1,139 @@
+//! What a refused replay says: every error names the archive and, where one
+//! entry is at fault, that entry.
+
+use super::limits::MAX_HEADER_BYTES;
+use super::links::LinkFault;
+use super::replay::TOPS;
+use super::TOP;
+use std::io;
+use std::path::PathBuf;
+
+/// Why an entry was refused; the archive and entry are named by [`ReplayError`].
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
+    /// An absolute name, or one with `..` or `.` components.
+    #[error("not a plain relative path")]
+    NotRelative,
+    /// A name outside the top folders a capture holds.
+    #[error("outside the folders a capture holds ({}/)", TOPS.join("/, "))]
+    OutsideTop,
+    /// A top folder itself as a file or link (`sysfs -> /sys`).
+    #[error("a top name must be a folder")]
+    TopNotFolder,
+    /// A hard link: it could tie a replayed name to a file elsewhere.
+    #[error("a hard link (to {target:?}), which a capture never holds")]
+    HardLink {
+        /// The name it links to.
+        target: String,
+    },
+    /// A device node, FIFO or any other kind a capture never holds.
+    #[error("{kind}, which a capture never holds (only folders, regular files and symlinks)")]
+    Kind {
+        /// The kind, in words.
+        kind: String,
+    },
+    /// The same name twice (a folder named again is no harm and passes).
+    #[error("appears twice")]
+    Duplicate,
+    /// An entry whose folder is a link or file in the archive: writing it
+    /// would follow the link.
+    #[error("lies under {parent:?}, which is not a folder")]
+    UnderNonFolder {
+        /// The archive's entry in the way.
+        parent: String,
+    },
+    /// A symlink with an empty target.
+    #[error("a symlink with an empty target")]
+    EmptyTarget,
+    /// A symlink that leads outside the unpack folder.
+    #[error("a symlink that leaves the unpack folder: {0}")]
+    Link(LinkFault),
+}
+
+/// Why a capture could not be replayed; each names the archive and, where
+/// one is at fault, the entry.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The archive could not be opened.
+    #[error("opening {}", archive.display())]
+    Open {
+        /// The archive.
+        archive: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+    /// Not gzip, not tar, or damaged.
+    #[error("{} is not a tar.gz capture", archive.display())]
+    NotACapture {
+        /// The archive.
+        archive: PathBuf,
+        /// What the reader met.
+        source: io::Error,
+    },
+    /// An entry refused for what it is.
+    #[error("{}: entry {entry:?} refused: {fault}", archive.display())]
+    Refused {
+        /// The archive.
+        archive: PathBuf,
+        /// The entry's name as stored.
+        entry: String,
+        /// Why.
+        fault: Fault,
+    },
+    /// More entries than `--replay-max-entries`.
+    #[error("{}: more than {limit} entries (at {entry:?}); --replay-max-entries raises the limit", archive.display())]
+    TooManyEntries {
+        /// The archive.
+        archive: PathBuf,
+        /// The first entry past the limit.
+        entry: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// More bytes than `--replay-max-bytes`.
+    #[error("{}: entry {entry:?} ({size} bytes) takes the unpacked size past {limit} bytes; --replay-max-bytes raises the limit", archive.display())]
+    TooLarge {
+        /// The archive.
+        archive: PathBuf,
+        /// The entry that went past the limit.
+        entry: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Header data (long names, pax records) over [`MAX_HEADER_BYTES`].
+    #[error("{}: the header after entry {after:?} is over {MAX_HEADER_BYTES} bytes", archive.display())]
+    HeaderTooLarge {
+        /// The archive.
+        archive: PathBuf,
+        /// The last entry read before it ("" at the start).
+        after: String,
+    },
+    /// The archive holds no top folder.
+    #[error("{}: no {TOP}/ folder: not a nodefabric capture", archive.display())]
+    NoTree {
+        /// The archive.
+        archive: PathBuf,
+    },
+    /// The temp folder could not be made.
+    #[error("creating a replay folder in {}", dir.display())]
+    TempFolder {
+        /// The temp folder it was to go in.
+        dir: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+    /// Writing an entry failed.
+    #[error("{}: entry {entry:?}: writing {}", archive.display(), path.display())]
+    Write {
+        /// The archive.
+        archive: PathBuf,
+        /// The entry.
+        entry: String,
+        /// Where it was being written.
+        path: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+}

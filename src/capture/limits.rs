@@ -1,0 +1,136 @@
+//! How much a replay may unpack: the caps, their defaults and the parsers of
+//! `--replay-max-entries` and `--replay-max-bytes`.
+
+/// Default for `--replay-max-entries`: a large node's capture holds a few
+/// thousand entries; a hundred thousand leaves room without inviting abuse.
+pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+
+/// Default for `--replay-max-bytes`: captures are attributes of a page or
+/// less each, so a real one is a few MiB at most.
+pub const DEFAULT_MAX_BYTES: u64 = 256 * MIB;
+
+/// The most header bytes (long names, pax records) one entry may carry: the
+/// tar reader buffers them whole, so without a bound a tiny archive could
+/// make it allocate gigabytes before any cap is checked.
+pub const MAX_HEADER_BYTES: u64 = 64 * KIB;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+
+/// The range `--replay-max-entries` accepts.
+const ENTRIES_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000_000;
+
+/// The range `--replay-max-bytes` accepts.
+const BYTES_RANGE: std::ops::RangeInclusive<u64> = KIB..=64 * GIB;
+
+/// How much of an archive a replay may unpack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The most entries (folders, files, links).
+    pub max_entries: u64,
+    /// The most bytes, summed over every entry's size.
+    pub max_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// Parses `--replay-max-entries`: a whole number from 1 to 10,000,000.
+pub fn parse_max_entries(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number of entries"))?;
+    in_range(n, &ENTRIES_RANGE, "entries", "1 to 10000000")
+}
+
+/// Parses `--replay-max-bytes`: a whole number of bytes, optionally with a
+/// binary unit (`B`, `KiB`, `MiB`, `GiB`), from 1 KiB to 64 GiB.
+pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => KIB,
+        "MiB" => MIB,
+        "GiB" => GIB,
+        _ => {
+            return Err(format!(
+                "{s:?}: expected a number of bytes with an optional unit B, KiB, MiB or GiB"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number of bytes"))?;
+    let bytes = n
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
+    in_range(bytes, &BYTES_RANGE, "bytes", "1KiB to 64GiB")
+}
+
+/// Keeps `n` when `range` holds it; `spelled` is the range as a user writes it.
+fn in_range(
+    n: u64,
+    range: &std::ops::RangeInclusive<u64>,
+    what: &str,
+    spelled: &str,
+) -> Result<u64, String> {
+    if range.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} {what} is out of range ({spelled})"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_help_default_for_max_bytes_is_the_cap_the_code_uses() {
+        // cli.rs spells the default as text for --help; it must mean this.
+        assert_eq!(parse_max_bytes("256MiB"), Ok(DEFAULT_MAX_BYTES));
+    }
+
+    #[test]
+    fn byte_sizes_take_binary_units() {
+        assert_eq!(parse_max_bytes("4096"), Ok(4096));
+        assert_eq!(parse_max_bytes("2 KiB"), Ok(2048));
+        assert_eq!(parse_max_bytes("1GiB"), Ok(GIB));
+    }
+
+    #[test]
+    fn zero_negative_overflowing_and_unknown_sizes_are_refused() {
+        for bad in [
+            "0",
+            "-1",
+            "12",
+            "65GiB",
+            "99999999999999999999",
+            "18446744073709551615GiB",
+            "1MB",
+            "1.5MiB",
+            "MiB",
+            "",
+        ] {
+            assert!(parse_max_bytes(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn zero_and_absurd_entry_counts_are_refused() {
+        assert_eq!(parse_max_entries("100000"), Ok(DEFAULT_MAX_ENTRIES));
+        for bad in ["0", "-5", "10000001", "1e5", "many"] {
+            assert!(parse_max_entries(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
