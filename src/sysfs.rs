@@ -21,7 +21,7 @@ pub const MAX_ATTR_BYTES: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
     /// The symlink chain resolves to a place outside the tree root.
-    #[error("{path}: resolves to {target}, outside the sysfs root")]
+    #[error("{path}: resolves outside the sysfs root")]
     Escapes {
         /// The path as asked for, relative to the root.
         path: String,
