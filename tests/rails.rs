@@ -9,7 +9,7 @@ mod snapshots;
 
 use snapshots::settings;
 
-use nodefabric::rails::{lldp, nvsmi};
+use nodefabric::rails::{lldp, nvsmi, topo};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,7 @@ fn text(rel: &str) -> String {
 
 #[test]
 fn topo_eight_gpus_ten_nics_with_legend_and_affinity_columns() {
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-8gpu-10nic.txt")).unwrap();
+    let t = topo::parse_topo(&text("nvsmi/topo-8gpu-10nic.txt"), "t").unwrap();
     assert_eq!(t.gpu_to_nic.len(), 8);
     let g0 = &t.gpu_to_nic[&0];
     assert_eq!(g0.len(), 10, "GPU columns and affinity columns are not NICs");
@@ -40,11 +40,11 @@ fn topo_eight_gpus_ten_nics_with_legend_and_affinity_columns() {
 
 #[test]
 fn topo_four_gpus_without_nics_and_an_older_layout_named_by_device() {
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-4gpu-nonic.txt")).unwrap();
+    let t = topo::parse_topo(&text("nvsmi/topo-4gpu-nonic.txt"), "t").unwrap();
     assert_eq!(t.gpu_to_nic.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
     assert!(t.gpu_to_nic.values().all(|m| m.is_empty()));
 
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-4gpu-oldnames.txt")).unwrap();
+    let t = topo::parse_topo(&text("nvsmi/topo-4gpu-oldnames.txt"), "t").unwrap();
     assert_eq!(t.gpu_to_nic[&0]["mlx5_0"], "PXB");
     assert_eq!(t.gpu_to_nic[&2]["mlx5_1"], "PHB");
     assert_eq!(t.gpu_to_nic[&3]["mlx5_0"], "SYS");
@@ -55,36 +55,37 @@ fn topo_with_terminal_escapes_parses_the_same() {
     let plain = text("nvsmi/topo-8gpu-10nic.txt");
     let (hdr, rest) = plain.split_once('\n').unwrap();
     let tty = format!("\u{1b}[4m{hdr}\u{1b}[0m\n{rest}");
-    assert_eq!(nvsmi::parse_topo(&tty).unwrap(), nvsmi::parse_topo(&plain).unwrap());
+    assert_eq!(topo::parse_topo(&tty, "t").unwrap(), topo::parse_topo(&plain, "t").unwrap());
 }
 
 #[test]
-fn malformed_topo_is_an_error_naming_the_line() {
+fn malformed_topo_is_an_error_naming_the_file_and_line_once() {
     let plain = text("nvsmi/topo-8gpu-10nic.txt");
+    let parse = |t: &str| topo::parse_topo(t, "saved.txt").unwrap_err();
     // A truncated GPU row.
     let mut lines: Vec<String> = plain.lines().map(str::to_string).collect();
     lines[3] = lines[3].split('\t').take(5).collect::<Vec<_>>().join("\t");
-    let e = nvsmi::parse_topo(&lines.join("\n")).unwrap_err();
-    assert_eq!(e.line, 4, "{e}");
-    assert!(e.to_string().contains("GPU2"), "{e}");
-    // NIC columns but no NIC Legend.
-    let cut = &plain[..plain.find("NIC Legend:").unwrap()];
-    let e = nvsmi::parse_topo(cut).unwrap_err();
-    assert!(e.to_string().contains("NIC0 is not in the NIC Legend"), "{e}");
-    // A legend line that is not `NICn: name`.
-    let e = nvsmi::parse_topo(&format!("{plain}  garbage\n")).unwrap_err();
-    assert!(e.to_string().contains("garbage"), "{e}");
+    let e = parse(&lines.join("\n"));
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(e.to_string().starts_with("saved.txt line 4: GPU2: 4 cells"), "{e}");
+    // NIC columns but no NIC Legend: the whole text is at fault, no line 0.
+    let e = parse(&plain[..plain.find("NIC Legend:").unwrap()]);
+    assert_eq!(e.to_string(), "saved.txt: column NIC0 is not in the NIC Legend");
+    // A damaged legend entry; other text after the legend (a prompt) is not one.
+    let e = parse(&plain.replace("NIC9: mlx5_9", "NIC9 mlx5_9"));
+    assert!(e.to_string().contains("line 42: NIC Legend entry \"NIC9 mlx5_9\""), "{e}");
+    assert!(topo::parse_topo(&format!("{plain}root@dgx:~# "), "t").is_ok());
     // No matrix at all.
-    let e = nvsmi::parse_topo("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n").unwrap_err();
-    assert!(e.to_string().contains("no header row"), "{e}");
+    let e = parse("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n");
+    assert_eq!(e.to_string(), "saved.txt: no header row with GPU columns");
     // An empty cell under a device column.
     let blanked = plain.replacen("\tPIX\t", "\t\t", 1);
-    assert!(nvsmi::parse_topo(&blanked).unwrap_err().to_string().contains("empty cell under NIC0"));
+    assert!(parse(&blanked).to_string().contains("line 2: GPU0: empty cell under NIC0"));
 }
 
 #[test]
 fn query_normalises_bus_ids_and_rejects_bad_lines() {
-    let ids = nvsmi::parse_query(&text("nvsmi/query-8gpu.csv")).unwrap();
+    let ids = nvsmi::parse_query(&text("nvsmi/query-8gpu.csv"), "q").unwrap();
     assert_eq!(ids.len(), 8);
     assert_eq!(ids[0].pci_bus_id, "0000:12:00.0", "8-digit domain, uppercase hex → kernel form");
     assert_eq!(ids[4].pci_bus_id, "0000:92:00.0");
@@ -96,7 +97,7 @@ fn query_normalises_bus_ids_and_rejects_bad_lines() {
         ("0, GPU-1, 12:00\n", "not a PCI address"),
         ("0, GPU-1, 00000000:12:00.0\n0, GPU-2, 00000000:22:00.0\n", "twice"),
     ] {
-        let e = nvsmi::parse_query(bad).unwrap_err();
+        let e = nvsmi::parse_query(bad, "q").unwrap_err();
         assert!(e.to_string().contains(why), "{bad:?}: {e}");
     }
 }
@@ -251,14 +252,14 @@ fn an_unknown_class_or_an_unqualified_rail_fails_naming_rail_and_gpu() {
     let f = flags(&n.lldp(&ALL_RAIL_PORTS));
     let q = data("nvsmi/query-8gpu.csv");
     let topo = text("nvsmi/topo-8gpu-10nic.txt");
-    // GPU0 → NIC0 printed as an old-driver "SOC".
-    let unknown = n.write("topo-unknown.txt", &topo.replacen("\tPIX\t", "\tSOC\t", 1));
+    // GPU0 → NIC0 printed as a class this version does not rank.
+    let unknown = n.write("topo-unknown.txt", &topo.replacen("\tPIX\t", "\tC2C\t", 1));
     let mut a = args(&f);
     a.extend(["--gpu-query-file", q.to_str().unwrap(), "--topo-file", unknown.to_str().unwrap()]);
     let o = n.rails(&a);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("rail rail0") && err.contains("GPU 0000:12:00.0") && err.contains("\"SOC\""), "{err}");
+    assert!(err.contains("rail rail0") && err.contains("GPU 0000:12:00.0") && err.contains("\"C2C\""), "{err}");
     assert!(o.stdout.is_empty(), "no partial record on failure");
 
     // rail3's NICs are named in the legend by devices this node does not have.
