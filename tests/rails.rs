@@ -477,3 +477,93 @@ fn in_cluster_the_node_uid_comes_from_the_node_object() {
     let r: Value = serde_json::from_str(&ok(n.rails(&a))).unwrap();
     assert_eq!(r["nodeUID"], "given");
 }
+
+// ---- the topo -m corpus ------------------------------------------------------
+
+/// One corpus case: `tests/data/topo/<name>.txt` and its `<name>.nics` table
+/// (`gpus N`, then `nic RDMA-name numa-node rail up|down`).
+struct Case {
+    name: String,
+    gpus: u32,
+    nics: Vec<(String, Option<u32>, u32, bool)>,
+}
+
+impl Case {
+    fn read(name: &str) -> Case {
+        let mut case = Case { name: name.to_string(), gpus: 0, nics: Vec::new() };
+        for line in text(&format!("topo/{name}.nics")).lines().filter(|l| !l.starts_with('#')) {
+            match line.split_whitespace().collect::<Vec<_>>()[..] {
+                ["gpus", n] => case.gpus = n.parse().unwrap(),
+                ["nic", dev, numa, rail, link] => {
+                    case.nics.push((dev.to_string(), numa.parse().ok(), rail.parse().unwrap(), link == "up"))
+                }
+                _ => panic!("{name}.nics: bad line {line:?}"),
+            }
+        }
+        case
+    }
+
+    /// A sysfs tree holding the case's rail NICs (netdev `rail<r>p<k>`, the
+    /// RDMA device named as in the dump, its port up or down) and the query
+    /// CSV for its GPUs; then the rail record through the binary with the
+    /// interface-name source.
+    fn run(&self) -> Output {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("sys");
+        let t = fixtures::Tree::new(&root);
+        for (k, (dev, numa, rail, up)) in self.nics.iter().enumerate() {
+            let numa = numa.map_or(-1, |n| n as i32);
+            let pci = t.pci(&[&fixtures::addr(0x20 + k as u32, 0, 0)], fixtures::MELLANOX, 0x1021, fixtures::CLASS_IB, numa);
+            t.netdev(&pci, &format!("rail{rail}p{k}"), 4092, true);
+            t.rdma(&pci, dev, &[if *up { fixtures::UP } else { fixtures::DOWN }]);
+        }
+        let query: String =
+            (0..self.gpus).map(|i| format!("{i}, GPU-{:08x}-0000-4000-8000-{i:012}, 00000000:{:02X}:00.0\n", self.gpus, 0x80 + i)).collect();
+        let q = tmp.path().join("query.csv");
+        fs::write(&q, query).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+            .args(["rails", "--sysfs-root"])
+            .arg(&root)
+            .args(["--rail-source", "interface-name", "--interface-regex", "^rail([0-9]+)p[0-9]+$", "--rail-id", "rail$1"])
+            .arg("--topo-file")
+            .arg(data(&format!("topo/{}.txt", self.name)))
+            .arg("--gpu-query-file")
+            .arg(&q)
+            .env("PATH", "/nonexistent")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    }
+}
+
+fn corpus() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(data("topo"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".txt").map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The damaged dumps of the corpus: each must be refused.
+const DAMAGED: [&str; 3] = ["dgx-a100-truncated", "hgx-h100-extra-cell", "hgx-h100-lost-tab"];
+
+#[test]
+fn every_corpus_dump_gives_its_snapshotted_record_or_refusal() {
+    let names = corpus();
+    assert!(names.len() >= 15, "{names:?}");
+    let dir = data("topo").display().to_string();
+    for name in &names {
+        let o = Case::read(name).run();
+        let shown = if DAMAGED.contains(&name.as_str()) {
+            assert!(!o.status.success() && o.stdout.is_empty(), "{name}: a damaged dump was accepted");
+            let err = String::from_utf8_lossy(&o.stderr);
+            let line = err.lines().find(|l| l.starts_with("nodefabric: error:")).unwrap_or_else(|| panic!("{name}: {err}"));
+            assert_eq!(err.matches(&format!("{name}.txt")).count(), 2, "{name}: the file is named once per message: {err}");
+            line.replace(&dir, "tests/data/topo")
+        } else {
+            ok(o)
+        };
+        settings().bind(|| insta::assert_snapshot!(format!("rails_topo_{}", name.replace('-', "_")), shown));
+    }
+}
