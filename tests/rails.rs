@@ -483,15 +483,21 @@ fn in_cluster_the_node_uid_comes_from_the_node_object() {
 /// One corpus case: `tests/data/topo/<name>.txt` and its `<name>.nics` table
 /// (`gpus N`, then `nic RDMA-name numa-node rail up|down`).
 struct Case {
-    name: String,
+    topo: PathBuf,
     gpus: u32,
     nics: Vec<(String, Option<u32>, u32, bool)>,
 }
 
 impl Case {
     fn read(name: &str) -> Case {
-        let mut case = Case { name: name.to_string(), gpus: 0, nics: Vec::new() };
-        for line in text(&format!("topo/{name}.nics")).lines().filter(|l| !l.starts_with('#')) {
+        Case::parse(data(&format!("topo/{name}.txt")), &text(&format!("topo/{name}.nics")))
+    }
+
+    /// A case from a `.nics` table's text, for the dump at `topo`.
+    fn parse(topo: PathBuf, table: &str) -> Case {
+        let name = topo.display().to_string();
+        let mut case = Case { topo, gpus: 0, nics: Vec::new() };
+        for line in table.lines().filter(|l| !l.starts_with('#')) {
             match line.split_whitespace().collect::<Vec<_>>()[..] {
                 ["gpus", n] => case.gpus = n.parse().unwrap(),
                 ["nic", dev, numa, rail, link] => {
@@ -508,6 +514,12 @@ impl Case {
     /// CSV for its GPUs; then the rail record through the binary with the
     /// interface-name source.
     fn run(&self) -> Output {
+        self.run_with(&[], |_, _| {})
+    }
+
+    /// [`Case::run`] with extra flags, after `more(tree, dir)` has added to
+    /// the tree (GPUs, other ports).
+    fn run_with(&self, extra: &[&str], more: impl FnOnce(&fixtures::Tree, &Path)) -> Output {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("sys");
         let t = fixtures::Tree::new(&root);
@@ -521,14 +533,16 @@ impl Case {
             (0..self.gpus).map(|i| format!("{i}, GPU-{:08x}-0000-4000-8000-{i:012}, 00000000:{:02X}:00.0\n", self.gpus, 0x80 + i)).collect();
         let q = tmp.path().join("query.csv");
         fs::write(&q, query).unwrap();
+        more(&t, tmp.path());
         Command::new(env!("CARGO_BIN_EXE_nodefabric"))
             .args(["rails", "--sysfs-root"])
             .arg(&root)
             .args(["--rail-source", "interface-name", "--interface-regex", "^rail([0-9]+)p[0-9]+$", "--rail-id", "rail$1"])
             .arg("--topo-file")
-            .arg(data(&format!("topo/{}.txt", self.name)))
+            .arg(&self.topo)
             .arg("--gpu-query-file")
             .arg(&q)
+            .args(extra)
             .env("PATH", "/nonexistent")
             .env("NO_COLOR", "1")
             .output()
@@ -566,4 +580,204 @@ fn every_corpus_dump_gives_its_snapshotted_record_or_refusal() {
         };
         settings().bind(|| insta::assert_snapshot!(format!("rails_topo_{}", name.replace('-', "_")), shown));
     }
+}
+
+fn record(o: Output) -> Value {
+    serde_json::from_str(&ok(o)).unwrap()
+}
+
+// ---- numaLocal, down ports, the interface-name source ------------------------
+
+#[test]
+fn numa_local_narrows_an_all_sys_tie_on_a_two_socket_tray() {
+    let r = record(Case::read("gb200-tray-all-sys").run());
+    // GPU0's NUMA Affinity 0,2-9 holds NIC 0000:20 (node 0), not 0000:22 (node 1).
+    let g0 = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!(g0["pathClass"], "SYS");
+    assert_eq!(g0["nics"], json!(["0000:20:00.0", "0000:22:00.0"]), "the seed's rule keeps the whole tie");
+    assert_eq!(g0["numaLocal"], json!(["0000:20:00.0"]));
+    assert_eq!(r["gpus"][3]["rails"]["rail1"]["numaLocal"], json!(["0000:23:00.0"]));
+
+    // Without a NUMA Affinity column the GPU's own numa_node decides.
+    let dir = tempfile::tempdir().unwrap();
+    let topo = dir.path().join("topo.txt");
+    let mut lines: Vec<String> = text("topo/gb200-tray-all-sys.txt")
+        .lines()
+        .map(|l| l.split('\t').take(12).collect::<Vec<_>>().join("\t"))
+        .collect();
+    lines[0] = lines[0].replace("\tNUMA Affinity", "");
+    fs::write(&topo, lines.join("\n")).unwrap();
+    let case = Case::parse(topo, &text("topo/gb200-tray-all-sys.nics"));
+    let r = record(case.run_with(&[], |t, _| {
+        for i in 0..4u32 {
+            t.pci(&[&fixtures::addr(0x80 + i, 0, 0)], fixtures::NVIDIA, 0x2941, fixtures::CLASS_3D, (i / 2) as i32);
+        }
+    }));
+    assert_eq!(r["gpus"][1]["rails"]["rail0"]["numaLocal"], json!(["0000:20:00.0"]));
+    assert_eq!(r["gpus"][2]["rails"]["rail0"]["numaLocal"], json!(["0000:22:00.0"]));
+
+    // No GPU NUMA at all (a KVM guest): nothing to narrow by, no numaLocal.
+    let r = record(Case::read("kvm-guest-numa-na").run());
+    assert!(r["gpus"][0]["rails"]["rail0"].get("numaLocal").is_none(), "{r}");
+}
+
+/// A one-GPU dump with three NICs: `classes` gives GPU0's class to each.
+fn three_nic_dump(dir: &Path, classes: [&str; 3]) -> PathBuf {
+    let [a, b, c] = classes;
+    let dump = format!(
+        "\tGPU0\tNIC0\tNIC1\tNIC2\tCPU Affinity\tNUMA Affinity\n\
+         GPU0\t X \t{a}\t{b}\t{c}\t0-7\t0\n\
+         NIC0\t{a}\t X \tSYS\tSYS\n\
+         NIC1\t{b}\tSYS\t X \tSYS\n\
+         NIC2\t{c}\tSYS\tSYS\t X \n\n\
+         NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n  NIC2: mlx5_2\n"
+    );
+    let p = dir.join(format!("topo-{a}-{b}-{c}.txt"));
+    fs::write(&p, dump).unwrap();
+    p
+}
+
+#[test]
+fn a_down_port_gives_way_to_an_up_port_it_ties_with_and_is_named() {
+    // DGX Spark: two down functions tie with two up ones at NODE.
+    let r = record(Case::read("dgx-spark").run());
+    let rail = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!(rail["nics"], json!(["0000:21:00.0", "0000:23:00.0"]));
+    assert_eq!(rail["down"], json!(["0000:20:00.0", "0000:22:00.0"]));
+
+    let dir = tempfile::tempdir().unwrap();
+    let table = "gpus 1\nnic mlx5_0 0 0 down\nnic mlx5_1 0 0 down\nnic mlx5_2 0 0 up\n";
+    // Every tied port down: they stay the candidates, and say so.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["NODE", "NODE", "SYS"]), table).run());
+    let rail = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!((&rail["pathClass"], &rail["nics"]), (&json!("NODE"), &json!(["0000:20:00.0", "0000:21:00.0"])));
+    assert_eq!(rail["down"], rail["nics"]);
+    // A closer down port keeps the class (the seed's rule); a farther up port does not join it.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["PIX", "NODE", "NODE"]), table).run());
+    assert_eq!(r["gpus"][0]["rails"]["rail0"], json!({"pathClass": "PIX", "nics": ["0000:20:00.0"], "down": ["0000:20:00.0"]}));
+    // Down ports farther than the chosen up port are not mentioned.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["SYS", "SYS", "PXB"]), table).run());
+    assert_eq!(r["gpus"][0]["rails"]["rail0"], json!({"pathClass": "PXB", "nics": ["0000:22:00.0"]}));
+}
+
+#[test]
+fn a_port_whose_link_cannot_be_read_is_not_called_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = "gpus 1\nnic mlx5_0 0 0 up\nnic mlx5_1 0 0 up\nnic mlx5_2 0 1 up\n";
+    let o = Case::parse(three_nic_dump(dir.path(), ["NODE", "NODE", "SYS"]), table).run_with(&[], |t, _| {
+        // mlx5_1's port state becomes a dangling link: Unverified, not Failed.
+        let state = "devices/pci0000:21/0000:21:00.0/infiniband/mlx5_1/ports/1/state";
+        fs::remove_file(t.root.join(state)).unwrap();
+        t.raw_link(state, "../../../../nonexistent");
+    });
+    let r = record(o);
+    assert_eq!(r["gpus"][0]["rails"]["rail0"]["nics"], json!(["0000:20:00.0", "0000:21:00.0"]));
+    assert!(r["gpus"][0]["rails"]["rail0"].get("down").is_none(), "{r}");
+}
+
+/// An InfiniBand node: four IB ports (`ibp<bus>s0` on `mlx5_<n>`), two per
+/// NUMA node, 8 GPUs from the gpu8 layout around them, and no lldpd at all.
+fn ib_node(dir: &Path) -> PathBuf {
+    let root = dir.join("sys");
+    let t = fixtures::Tree::new(&root);
+    for i in 0..4u32 {
+        let gpu = fixtures::addr(0x40 * i + 0x11, 0, 0);
+        let nic = fixtures::addr(0x40 * i + 0x12, 0, 0);
+        let rp = fixtures::addr(0x40 * i, 1, 0);
+        t.pci(&[&rp, &fixtures::addr(0x40 * i + 0x10, 0, 0), &gpu], fixtures::NVIDIA, 0x2330, fixtures::CLASS_3D, (i / 2) as i32);
+        let dev = t.pci(&[&rp, &fixtures::addr(0x40 * i + 0x10, 0, 0), &nic], fixtures::MELLANOX, 0x1021, fixtures::CLASS_IB, (i / 2) as i32);
+        t.netdev(&dev, &format!("ibp{}s0", 0x40 * i + 0x12), 4092, true);
+        t.rdma(&dev, &format!("mlx5_{i}"), &[fixtures::UP]);
+    }
+    // A management port whose name also fits a loose regex, on a platform bus.
+    let plat = t.platform_device("mgmt0", 0);
+    t.netdev(&plat, "ibmgmt", 1500, true);
+    root
+}
+
+#[test]
+fn interface_name_source_maps_an_infiniband_node_without_lldp() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ib_node(dir.path());
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+            .args(["rails", "--sysfs-root"])
+            .arg(&root)
+            .args(["--sysfs-paths"])
+            .args(extra)
+            .env("PATH", "/nonexistent") // no lldpctl: any attempt to run it fails the pass
+            .output()
+            .unwrap()
+    };
+    // By RDMA device name.
+    let by_rdma = ok(run(&["--rail-source", "interface-name", "--interface-regex", "^mlx5_([0-9]+)$", "--rail-id", "rail$1"]));
+    let r: Value = serde_json::from_str(&by_rdma).unwrap();
+    assert_eq!(r["railSource"], "interface-name");
+    assert_eq!(r["nics"].as_object().unwrap().len(), 4, "{by_rdma}");
+    assert_eq!(r["nics"]["0000:52:00.0"], json!(["rail1"]));
+    assert_eq!(r["gpus"][0]["rails"]["rail0"], json!({"pathClass": "PIX", "nics": ["0000:12:00.0"]}));
+    // By netdev name, every port on one rail: GPU0 reaches its own NIC at PIX.
+    let r = record(run(&["--rail-source", "interface-name", "--interface-regex", "^ibp[0-9]+s0$", "--rail-id", "ib"]));
+    assert_eq!(r["gpus"][0]["rails"]["ib"], json!({"pathClass": "PIX", "nics": ["0000:12:00.0"]}));
+    // The same settings from a values file.
+    let values = dir.path().join("values.yaml");
+    fs::write(&values, "railSource:\n  name: interface-name\n  interfaceName:\n    interfaceRegex: '^mlx5_([0-9]+)$'\n    railID: 'rail$1'\n").unwrap();
+    assert_eq!(ok(run(&["--rails-config", values.to_str().unwrap()])), by_rdma);
+    // A matching port with no PCI device is named; LLDP flags are refused.
+    let o = run(&["--rail-source", "interface-name", "--interface-regex", "^ib", "--rail-id", "ib"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("port ibmgmt has no PCI device"), "{err}");
+    let o = run(&["--rail-source", "interface-name", "--interface-regex", "^mlx5", "--rail-id", "r", "--lldp-json", "x.json"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--lldp-json and --lldp-socket are for the host-lldp"));
+    // host-lldp stays the default, and on this node it needs lldpctl.
+    let o = run(&["--interface-regex", "^mlx5_([0-9]+)$", "--rail-id", "rail$1"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("lldpctl"));
+}
+
+// ---- hostile --topo-file inputs -----------------------------------------------
+
+#[test]
+fn topo_file_missing_huge_binary_or_a_folder_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = |topo: PathBuf| Case::parse(topo, "gpus 1\nnic mlx5_0 0 0 up\n");
+    let huge = dir.path().join("huge.txt");
+    let f = fs::File::create(&huge).unwrap();
+    f.set_len(nodefabric::rails::MAX_SAVED_OUTPUT + 1).unwrap(); // sparse: costs no disk
+    let binary = dir.path().join("binary.txt");
+    fs::write(&binary, b"\tGPU0\n\xff\xfe").unwrap();
+    for (path, why) in [
+        (dir.path().join("missing.txt"), "No such file"),
+        (huge, "larger than"),
+        (binary, "not UTF-8"),
+        (dir.path().to_path_buf(), "Is a directory"),
+    ] {
+        let o = case(path.clone()).run();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(&path.display().to_string()) && err.contains(why), "{why}: {err}");
+    }
+}
+
+#[test]
+fn topo_file_from_a_slow_pipe_reads_the_same_as_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("topo.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let dump = text("topo/dgx-spark.txt");
+    let writer = {
+        let (fifo, dump) = (fifo.clone(), dump.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            for chunk in dump.as_bytes().chunks(7) {
+                f.write_all(chunk).unwrap();
+                f.flush().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    let table = text("topo/dgx-spark.nics");
+    let piped = ok(Case::parse(fifo, &table).run());
+    writer.join().unwrap();
+    assert_eq!(piped, ok(Case::read("dgx-spark").run()));
 }
