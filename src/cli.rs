@@ -89,11 +89,12 @@ pub enum Command {
     Cdi(StateArgs),
     /// Print the GPU-to-NIC rail record: for every GPU and every network rail,
     /// the NICs tied at the closest PCIe path class (PIX < PXB < PHB < NODE < SYS).
-    /// Rails come from the host's LLDP neighbours; path classes from
+    /// Rails come from the host's LLDP neighbours (or, with --rail-source
+    /// interface-name, from port names alone); path classes from
     /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
     /// naming the rail and GPU, on an unknown path class or a rail with no
     /// qualified NIC.
-    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths")]
+    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'")]
     Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),

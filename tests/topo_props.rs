@@ -21,7 +21,9 @@ const TAB_DUMPS: [&str; 8] = [
 ];
 
 fn dump(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/topo").join(format!("{name}.txt"));
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/topo")
+        .join(format!("{name}.txt"));
     std::fs::read_to_string(p).unwrap()
 }
 
@@ -29,15 +31,32 @@ fn dump(name: &str) -> String {
 fn assert_square(t: &Topo) {
     assert_eq!(t.rows.len(), t.columns.len(), "one row per device column");
     for row in &t.rows {
-        assert_eq!(row.cells.len(), t.columns.len(), "{}: header-many device cells", row.label);
-        assert!(row.affinity.is_empty() || row.affinity.len() == t.affinity_columns.len(), "{}", row.label);
+        assert_eq!(
+            row.cells.len(),
+            t.columns.len(),
+            "{}: header-many device cells",
+            row.label
+        );
+        assert!(
+            row.affinity.is_empty() || row.affinity.len() == t.affinity_columns.len(),
+            "{}",
+            row.label
+        );
         for (col, cell) in t.columns.iter().zip(&row.cells) {
-            assert_eq!(cell == "X", *col == row.label, "{}: X only under its own column", row.label);
+            assert_eq!(
+                cell == "X",
+                *col == row.label,
+                "{}: X only under its own column",
+                row.label
+            );
         }
     }
     for (gpu, nics) in &t.gpu_to_nic {
         assert!(t.columns.contains(&format!("GPU{gpu}")));
-        assert_eq!(nics.len(), t.columns.iter().filter(|c| !c.starts_with("GPU")).count());
+        assert_eq!(
+            nics.len(),
+            t.columns.iter().filter(|c| !c.starts_with("GPU")).count()
+        );
     }
 }
 

@@ -98,28 +98,40 @@ pub struct GpuSourceConfig {
 impl RailConfig {
     /// Parses a config file's text; `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<RailConfig> {
-        let value: serde_json::Value =
-            serde_saphyr::from_str(text).with_context(|| format!("{}: not YAML", path.display()))?;
+        let value: serde_json::Value = serde_saphyr::from_str(text)
+            .with_context(|| format!("{}: not YAML", path.display()))?;
         // A whole values file: take the plugin's block.
         let block = match value.pointer("/nodeMetadata/plugins/gpuNicRailMapping") {
             Some(b) => b.clone(),
             None if value.get("nodeMetadata").is_some() => {
-                bail!("{}: nodeMetadata has no plugins.gpuNicRailMapping block", path.display())
+                bail!(
+                    "{}: nodeMetadata has no plugins.gpuNicRailMapping block",
+                    path.display()
+                )
             }
             None => value,
         };
-        let config: RailConfig = serde_json::from_value(block).with_context(|| format!("{}: invalid rail configuration", path.display()))?;
+        let config: RailConfig = serde_json::from_value(block)
+            .with_context(|| format!("{}: invalid rail configuration", path.display()))?;
         match config.rail_source.name.as_str() {
             super::HOST_LLDP | super::INTERFACE_NAME => {}
-            "xplane" => bail!("{}: railSource xplane is not supported (no API gives host PCI identity yet)", path.display()),
-            other => bail!("{}: unknown railSource {other:?} (one of {:?})", path.display(), super::RAIL_SOURCES),
+            "xplane" => bail!(
+                "{}: railSource xplane is not supported (no API gives host PCI identity yet)",
+                path.display()
+            ),
+            other => bail!(
+                "{}: unknown railSource {other:?} (one of {:?})",
+                path.display(),
+                super::RAIL_SOURCES
+            ),
         }
         Ok(config)
     }
 
     /// Reads and parses a config file.
     pub fn read(path: &Path) -> Result<RailConfig> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         RailConfig::parse(&text, path)
     }
 }

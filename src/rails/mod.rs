@@ -182,7 +182,8 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
                 LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref())?,
                 LldpInput::File(path) => lldp::read_json(path)?,
             };
-            let ifaces = lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
+            let ifaces =
+                lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
             nic_rails(root, record, &ifaces, &opts.interface_regex, &opts.rail_id)?
         }
         RailInput::InterfaceName => named_rails(record, &opts.interface_regex, &opts.rail_id)?,
@@ -191,7 +192,10 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
         version: RECORD_VERSION.into(),
         node_uid: opts.node_uid.clone(),
         rail_source: opts.source.name().into(),
-        nics: nic_rails.iter().map(|(k, v)| (k.clone(), v.rails.iter().cloned().collect())).collect(),
+        nics: nic_rails
+            .iter()
+            .map(|(k, v)| (k.clone(), v.rails.iter().cloned().collect()))
+            .collect(),
         gpus: Vec::new(),
     };
     if nic_rails.is_empty() {
@@ -213,10 +217,15 @@ pub fn nic_rails(
 ) -> Result<BTreeMap<String, RailNic>> {
     let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
     for iface in ifaces {
-        let Some(rail) = rail_id(re, template, iface)? else { continue };
+        let Some(rail) = rail_id(re, template, iface)? else {
+            continue;
+        };
         let pci = device_pci(root, &format!("class/net/{iface}/device"))
             .with_context(|| format!("rail {rail}: interface {iface} has no PCI device"))?;
-        let port = record.endpoints().into_iter().find(|(i, _)| i.name.as_deref() == Some(iface.as_str()));
+        let port = record
+            .endpoints()
+            .into_iter()
+            .find(|(i, _)| i.name.as_deref() == Some(iface.as_str()));
         add_port(&mut out, pci, rail, port);
     }
     Ok(out)
@@ -224,7 +233,11 @@ pub fn nic_rails(
 
 /// The same map for every top-level port of the record whose netdev name,
 /// else RDMA device name, matches `re` (the `interface-name` source).
-pub fn named_rails(record: &NodeRecord, re: &Regex, template: &str) -> Result<BTreeMap<String, RailNic>> {
+pub fn named_rails(
+    record: &NodeRecord,
+    re: &Regex,
+    template: &str,
+) -> Result<BTreeMap<String, RailNic>> {
     let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
     for iface in &record.spec.interfaces {
         let mut rail = None;
@@ -236,7 +249,10 @@ pub fn named_rails(record: &NodeRecord, re: &Regex, template: &str) -> Result<BT
         }
         let Some((name, rail)) = rail else { continue };
         let Some(pci) = iface.pci_bus_id.clone() else {
-            bail!("rail {rail}: port {name} has no PCI device (bus {})", iface.bus);
+            bail!(
+                "rail {rail}: port {name} has no PCI device (bus {})",
+                iface.bus
+            );
         };
         add_port(&mut out, pci, rail, Some((iface, None)));
     }
@@ -245,7 +261,9 @@ pub fn named_rails(record: &NodeRecord, re: &Regex, template: &str) -> Result<BT
 
 /// The rail ID `template` expands to for `name`, `None` when `re` does not match.
 fn rail_id(re: &Regex, template: &str, name: &str) -> Result<Option<String>> {
-    let Some(caps) = re.captures(name) else { return Ok(None) };
+    let Some(caps) = re.captures(name) else {
+        return Ok(None);
+    };
     let mut rail = String::new();
     caps.expand(template, &mut rail);
     if rail.is_empty() {
@@ -257,24 +275,39 @@ fn rail_id(re: &Regex, template: &str, name: &str) -> Result<Option<String>> {
 /// Records one rail port. Its NUMA node and link state come from the node
 /// record; a port the record lacks, or whose link is unverified, counts as up
 /// (an unreadable port is never an answer of "down").
-fn add_port(out: &mut BTreeMap<String, RailNic>, pci: String, rail: String, port: Option<(&Interface, Option<&Interface>)>) {
+fn add_port(
+    out: &mut BTreeMap<String, RailNic>,
+    pci: String,
+    rail: String,
+    port: Option<(&Interface, Option<&Interface>)>,
+) {
     let nic = out.entry(pci).or_default();
     nic.rails.insert(rail);
     if let Some((iface, parent)) = port {
         nic.numa = iface.effective_numa(parent);
-        nic.down |= iface.link.as_ref().is_some_and(|l| l.state == LinkState::Failed);
+        nic.down |= iface
+            .link
+            .as_ref()
+            .is_some_and(|l| l.state == LinkState::Failed);
     }
 }
 
 /// The normalised PCI address a sysfs `device` link points at.
 fn device_pci(root: &SysRoot, link: &str) -> Result<String> {
-    let target = root.resolve(link).with_context(|| format!("resolving {link}"))?;
+    let target = root
+        .resolve(link)
+        .with_context(|| format!("resolving {link}"))?;
     let name = sysfs::basename(&target);
     pci::normalize(name).with_context(|| format!("{link} points at {target}, not a PCI device"))
 }
 
 /// Every GPU's paths to NICs, from nvidia-smi where present and the PCIe walk otherwise.
-fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, RailNic>, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
+fn gpu_paths(
+    root: &SysRoot,
+    record: &NodeRecord,
+    nic_rails: &BTreeMap<String, RailNic>,
+    input: &NvidiaInput,
+) -> Result<Vec<GpuPaths>> {
     let smi = nvidia_smi_view(root, record, input)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
@@ -282,7 +315,12 @@ fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, R
     let endpoints = record.endpoints();
     let nic_coords: BTreeMap<&str, Coordinates> = endpoints
         .iter()
-        .filter_map(|(ep, parent)| ep.pci_bus_id.as_deref().filter(|a| nic_rails.contains_key(*a)).map(|a| (a, ep.coordinates(*parent))))
+        .filter_map(|(ep, parent)| {
+            ep.pci_bus_id
+                .as_deref()
+                .filter(|a| nic_rails.contains_key(*a))
+                .map(|a| (a, ep.coordinates(*parent)))
+        })
         .collect();
     for acc in record.accelerators() {
         if covered.contains(&acc.pci_bus_id) {
@@ -290,46 +328,75 @@ fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, R
         }
         let mut paths = BTreeMap::new();
         for nic in nic_rails.keys() {
-            let class = nic_coords.get(nic.as_str()).map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
+            let class = nic_coords
+                .get(nic.as_str())
+                .map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
             paths.insert(nic.clone(), class.as_str().to_string());
         }
-        let numa = acc.numa.map(|n| topo::NodeList::parse(&n.to_string()).expect("a number is a list"));
-        out.push(GpuPaths { pci_bus_id: acc.pci_bus_id.clone(), uuid: None, source: GpuSource::Sysfs, paths, numa });
+        let numa = acc
+            .numa
+            .map(|n| topo::NodeList::parse(&n.to_string()).expect("a number is a list"));
+        out.push(GpuPaths {
+            pci_bus_id: acc.pci_bus_id.clone(),
+            uuid: None,
+            source: GpuSource::Sysfs,
+            paths,
+            numa,
+        });
     }
     Ok(out)
 }
 
 /// The GPUs nvidia-smi reports, with paths keyed by NIC PCI address; empty
 /// when nvidia-smi is not used or not installed.
-fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
+fn nvidia_smi_view(
+    root: &SysRoot,
+    record: &NodeRecord,
+    input: &NvidiaInput,
+) -> Result<Vec<GpuPaths>> {
     let (query, topo, origins) = match input {
         NvidiaInput::Sysfs => return Ok(Vec::new()),
-        NvidiaInput::Files { query, topo } => {
-            (read_text(query)?, read_text(topo)?, (query.display().to_string(), topo.display().to_string()))
-        }
+        NvidiaInput::Files { query, topo } => (
+            read_text(query)?,
+            read_text(topo)?,
+            (query.display().to_string(), topo.display().to_string()),
+        ),
         NvidiaInput::Command(bin) => {
             let has_nvidia = record.accelerators().any(|a| a.manufacturer == "nvidia");
             if bin.is_none() && !has_nvidia {
                 return Ok(Vec::new());
             }
             let bin = bin.clone().unwrap_or_else(|| PathBuf::from("nvidia-smi"));
-            let Some(query) = run_nvidia_smi(&bin, &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"])? else {
-                tracing::info!("{} not found: GPU paths come from the PCIe walk", bin.display());
+            let Some(query) = run_nvidia_smi(
+                &bin,
+                &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"],
+            )?
+            else {
+                tracing::info!(
+                    "{} not found: GPU paths come from the PCIe walk",
+                    bin.display()
+                );
                 return Ok(Vec::new());
             };
             let topo = run_nvidia_smi(&bin, &["topo", "-m"])?.unwrap_or_default();
             let name = bin.display();
-            (query, topo, (format!("{name} --query-gpu"), format!("{name} topo -m")))
+            (
+                query,
+                topo,
+                (format!("{name} --query-gpu"), format!("{name} topo -m")),
+            )
         }
     };
     let ids = nvsmi::parse_query(&query, &origins.0)?;
     let topo = topo::parse_topo(&topo, &origins.1)?;
     let mut out = Vec::new();
     for id in ids {
-        let row = topo
-            .gpu_to_nic
-            .get(&id.index)
-            .with_context(|| format!("GPU{} ({}) is in --query-gpu but has no row in topo -m", id.index, id.pci_bus_id))?;
+        let row = topo.gpu_to_nic.get(&id.index).with_context(|| {
+            format!(
+                "GPU{} ({}) is in --query-gpu but has no row in topo -m",
+                id.index, id.pci_bus_id
+            )
+        })?;
         let mut paths = BTreeMap::new();
         for (nic, class) in row {
             // A NIC alias that does not resolve is on no discovered rail either: ignored.
@@ -339,10 +406,18 @@ fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> 
         }
         // topo -m's NUMA Affinity, else the kernel's numa_node for the GPU.
         let numa = topo.gpu_numa.get(&id.index).cloned().or_else(|| {
-            let acc = record.accelerators().find(|a| a.pci_bus_id == id.pci_bus_id)?;
+            let acc = record
+                .accelerators()
+                .find(|a| a.pci_bus_id == id.pci_bus_id)?;
             topo::NodeList::parse(&acc.numa?.to_string())
         });
-        out.push(GpuPaths { pci_bus_id: id.pci_bus_id, uuid: Some(id.uuid), source: GpuSource::NvidiaSmi, paths, numa });
+        out.push(GpuPaths {
+            pci_bus_id: id.pci_bus_id,
+            uuid: Some(id.uuid),
+            source: GpuSource::NvidiaSmi,
+            paths,
+            numa,
+        });
     }
     Ok(out)
 }
@@ -357,11 +432,23 @@ fn read_text(path: &std::path::Path) -> Result<String> {
     use std::io::Read;
     let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut bytes = Vec::new();
-    file.take(MAX_SAVED_OUTPUT + 1).read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
+    file.take(MAX_SAVED_OUTPUT + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
     if bytes.len() as u64 > MAX_SAVED_OUTPUT {
-        bail!("{}: larger than {} bytes, not an nvidia-smi output", path.display(), MAX_SAVED_OUTPUT);
+        bail!(
+            "{}: larger than {} bytes, not an nvidia-smi output",
+            path.display(),
+            MAX_SAVED_OUTPUT
+        );
     }
-    String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Runs nvidia-smi; `Ok(None)` when the binary does not exist.

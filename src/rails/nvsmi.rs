@@ -33,7 +33,11 @@ pub struct GpuIdentity {
 
 /// Parses `index, uuid, pci.bus_id` lines; `origin` names the text in errors.
 pub fn parse_query(text: &str, origin: &str) -> Result<Vec<GpuIdentity>, ParseError> {
-    let err = |line: usize, reason: String| ParseError { origin: origin.to_string(), line: Some(line), reason };
+    let err = |line: usize, reason: String| ParseError {
+        origin: origin.to_string(),
+        line: Some(line),
+        reason,
+    };
     let mut out: Vec<GpuIdentity> = Vec::new();
     for (n, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -42,17 +46,33 @@ pub fn parse_query(text: &str, origin: &str) -> Result<Vec<GpuIdentity>, ParseEr
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         let [index, uuid, bus] = fields[..] else {
-            return Err(err(n + 1, format!("expected 3 comma-separated fields, got {}: {line:?}", fields.len())));
+            return Err(err(
+                n + 1,
+                format!(
+                    "expected 3 comma-separated fields, got {}: {line:?}",
+                    fields.len()
+                ),
+            ));
         };
-        let index: u32 = index.parse().map_err(|_| err(n + 1, format!("index {index:?} is not a number")))?;
+        let index: u32 = index
+            .parse()
+            .map_err(|_| err(n + 1, format!("index {index:?} is not a number")))?;
         if !uuid.starts_with("GPU-") {
-            return Err(err(n + 1, format!("uuid {uuid:?} does not start with GPU-")));
+            return Err(err(
+                n + 1,
+                format!("uuid {uuid:?} does not start with GPU-"),
+            ));
         }
-        let pci_bus_id = pci::normalize(bus).ok_or_else(|| err(n + 1, format!("{bus:?} is not a PCI address")))?;
+        let pci_bus_id = pci::normalize(bus)
+            .ok_or_else(|| err(n + 1, format!("{bus:?} is not a PCI address")))?;
         if out.iter().any(|g| g.index == index) {
             return Err(err(n + 1, format!("GPU index {index} listed twice")));
         }
-        out.push(GpuIdentity { index, uuid: uuid.to_string(), pci_bus_id });
+        out.push(GpuIdentity {
+            index,
+            uuid: uuid.to_string(),
+            pci_bus_id,
+        });
     }
     out.sort_by_key(|g| g.index);
     Ok(out)

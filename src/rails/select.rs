@@ -80,7 +80,10 @@ fn rank(class: &str) -> Option<Distance> {
 
 /// Chooses, for every GPU and rail, the NICs tied at the closest class.
 /// NICs a GPU has paths to but that are on no rail are ignored.
-pub fn select(nic_rails: &BTreeMap<String, RailNic>, gpus: &[GpuPaths]) -> Result<Vec<GpuRails>, SelectError> {
+pub fn select(
+    nic_rails: &BTreeMap<String, RailNic>,
+    gpus: &[GpuPaths],
+) -> Result<Vec<GpuRails>, SelectError> {
     let mut by_rail: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (nic, info) in nic_rails {
         for r in &info.rails {
@@ -93,7 +96,9 @@ pub fn select(nic_rails: &BTreeMap<String, RailNic>, gpus: &[GpuPaths]) -> Resul
         for (rail, nics) in &by_rail {
             let mut best: Option<(Distance, Vec<String>)> = None;
             for nic in nics {
-                let Some(class) = gpu.paths.get(*nic) else { continue };
+                let Some(class) = gpu.paths.get(*nic) else {
+                    continue;
+                };
                 let d = rank(class).ok_or_else(|| SelectError::UnknownClass {
                     rail: rail.to_string(),
                     gpu: gpu.pci_bus_id.clone(),
@@ -112,9 +117,17 @@ pub fn select(nic_rails: &BTreeMap<String, RailNic>, gpus: &[GpuPaths]) -> Resul
                 nics: nics.join(","),
                 view: gpu.source,
             })?;
-            rails.insert(rail.to_string(), narrow(path_class, tied, nic_rails, gpu.numa.as_ref()));
+            rails.insert(
+                rail.to_string(),
+                narrow(path_class, tied, nic_rails, gpu.numa.as_ref()),
+            );
         }
-        out.push(GpuRails { pci_bus_id: gpu.pci_bus_id.clone(), uuid: gpu.uuid.clone(), source: gpu.source, rails });
+        out.push(GpuRails {
+            pci_bus_id: gpu.pci_bus_id.clone(),
+            uuid: gpu.uuid.clone(),
+            source: gpu.source,
+            rails,
+        });
     }
     out.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
     Ok(out)
@@ -122,16 +135,39 @@ pub fn select(nic_rails: &BTreeMap<String, RailNic>, gpus: &[GpuPaths]) -> Resul
 
 /// The choice among the NICs `tied` at `path_class`: up NICs before down
 /// ones, and the NUMA-local subset when only some are local.
-fn narrow(path_class: Distance, mut tied: Vec<String>, nic_rails: &BTreeMap<String, RailNic>, gpu_numa: Option<&NodeList>) -> RailChoice {
+fn narrow(
+    path_class: Distance,
+    mut tied: Vec<String>,
+    nic_rails: &BTreeMap<String, RailNic>,
+    gpu_numa: Option<&NodeList>,
+) -> RailChoice {
     tied.sort();
     let is_down = |nic: &String| nic_rails.get(nic).is_some_and(|n| n.down);
     let (down, up): (Vec<String>, Vec<String>) = tied.into_iter().partition(is_down);
     let nics = if up.is_empty() { down.clone() } else { up };
     let local: Vec<String> = match gpu_numa {
-        Some(list) => nics.iter().filter(|n| nic_rails.get(*n).and_then(|i| i.numa).is_some_and(|m| list.contains(m))).cloned().collect(),
+        Some(list) => nics
+            .iter()
+            .filter(|n| {
+                nic_rails
+                    .get(*n)
+                    .and_then(|i| i.numa)
+                    .is_some_and(|m| list.contains(m))
+            })
+            .cloned()
+            .collect(),
         None => Vec::new(),
     };
     // Only a strict, non-empty subset says anything a consumer can use.
-    let numa_local = if local.len() < nics.len() { local } else { Vec::new() };
-    RailChoice { path_class, nics, numa_local, down }
+    let numa_local = if local.len() < nics.len() {
+        local
+    } else {
+        Vec::new()
+    };
+    RailChoice {
+        path_class,
+        nics,
+        numa_local,
+        down,
+    }
 }

@@ -117,26 +117,46 @@ impl Layout {
 /// Parses `nvidia-smi topo -m`; `origin` names the text in errors (a path,
 /// or the command).
 pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
-    let err = |line: Option<usize>, reason: String| ParseError { origin: origin.to_string(), line, reason };
+    let err = |line: Option<usize>, reason: String| ParseError {
+        origin: origin.to_string(),
+        line,
+        reason,
+    };
     let text = strip_ansi(text);
     let lines: Vec<&str> = text.lines().collect();
-    let (header_at, layout) = find_header(&lines).ok_or_else(|| err(None, "no header row with GPU columns".into()))?;
-    let (columns, affinity_columns) = header(layout, lines[header_at]).map_err(|r| err(Some(header_at + 1), r))?;
-    let mut topo = Topo { columns, affinity_columns, ..Topo::default() };
+    let (header_at, layout) =
+        find_header(&lines).ok_or_else(|| err(None, "no header row with GPU columns".into()))?;
+    let (columns, affinity_columns) =
+        header(layout, lines[header_at]).map_err(|r| err(Some(header_at + 1), r))?;
+    let mut topo = Topo {
+        columns,
+        affinity_columns,
+        ..Topo::default()
+    };
 
     // The matrix: one row per device column, ending at a blank line, at the
     // legend, or as soon as every device has its row (a prompt may follow).
     let mut end = lines.len();
     for (n, line) in lines.iter().enumerate().skip(header_at + 1) {
-        if topo.rows.len() == topo.columns.len() || line.trim().is_empty() || line.trim_start().starts_with("Legend:") {
+        if topo.rows.len() == topo.columns.len()
+            || line.trim().is_empty()
+            || line.trim_start().starts_with("Legend:")
+        {
             end = n;
             break;
         }
         let row = row(layout, line, n + 1, &topo).map_err(|r| err(Some(n + 1), r))?;
         topo.rows.push(row);
     }
-    if let Some(missing) = topo.columns.iter().find(|c| !topo.rows.iter().any(|r| &r.label == *c)) {
-        return Err(err(Some(end + 1), format!("the matrix ends here without a row for {missing}")));
+    if let Some(missing) = topo
+        .columns
+        .iter()
+        .find(|c| !topo.rows.iter().any(|r| &r.label == *c))
+    {
+        return Err(err(
+            Some(end + 1),
+            format!("the matrix ends here without a row for {missing}"),
+        ));
     }
     topo.legend = legend(&lines[end..], end, &topo.columns).map_err(|(line, r)| err(line, r))?;
     reduce(&mut topo).map_err(|r| err(None, r))?;
@@ -147,9 +167,14 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
 /// has its `X`), and the layout its separators give.
 fn find_header(lines: &[&str]) -> Option<(usize, Layout)> {
     lines.iter().enumerate().find_map(|(n, line)| {
-        let layout = if line.contains('\t') { Layout::Tabs } else { Layout::Spaces };
+        let layout = if line.contains('\t') {
+            Layout::Tabs
+        } else {
+            Layout::Spaces
+        };
         let cells = layout.cells(line);
-        let is_header = cells.iter().any(|c| device_index(c, "GPU").is_some()) && !cells.contains(&"X");
+        let is_header =
+            cells.iter().any(|c| device_index(c, "GPU").is_some()) && !cells.contains(&"X");
         is_header.then_some((n, layout))
     })
 }
@@ -170,14 +195,24 @@ fn header(layout: Layout, line: &str) -> Result<(Vec<String>, Vec<String>), Stri
         }
         Layout::Spaces => merge_affinity_words(&layout.cells(line)),
     };
-    let first_affinity = cells.iter().position(|c| AFFINITY_COLUMNS.contains(&c.as_str())).unwrap_or(cells.len());
+    let first_affinity = cells
+        .iter()
+        .position(|c| AFFINITY_COLUMNS.contains(&c.as_str()))
+        .unwrap_or(cells.len());
     let affinity = cells.split_off(first_affinity);
-    if let Some(bad) = affinity.iter().find(|c| !AFFINITY_COLUMNS.contains(&c.as_str())) {
-        return Err(format!("header cell {bad:?} after the affinity columns is not one of {AFFINITY_COLUMNS:?}"));
+    if let Some(bad) = affinity
+        .iter()
+        .find(|c| !AFFINITY_COLUMNS.contains(&c.as_str()))
+    {
+        return Err(format!(
+            "header cell {bad:?} after the affinity columns is not one of {AFFINITY_COLUMNS:?}"
+        ));
     }
     for (i, c) in cells.iter().enumerate() {
         if !is_device_name(c) {
-            return Err(format!("header cell {c:?} is neither a device name nor one of {AFFINITY_COLUMNS:?}"));
+            return Err(format!(
+                "header cell {c:?} is neither a device name nor one of {AFFINITY_COLUMNS:?}"
+            ));
         }
         if cells[..i].contains(c) {
             return Err(format!("header names {c} twice"));
@@ -213,7 +248,10 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
     let cells = layout.cells(line);
     let label = cells[0];
     if !topo.columns.iter().any(|c| c == label) {
-        return Err(format!("row {label:?} is not a device column of the header ({})", topo.columns.join(" ")));
+        return Err(format!(
+            "row {label:?} is not a device column of the header ({})",
+            topo.columns.join(" ")
+        ));
     }
     if topo.rows.iter().any(|r| r.label == label) {
         return Err(format!("{label} has a second row"));
@@ -221,7 +259,10 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
     let (d, a) = (topo.columns.len(), topo.affinity_columns.len());
     let rest = &cells[1..];
     if rest.len() < d {
-        return Err(format!("{label}: {} cells, the header has {d} device columns (a lost separator?)", rest.len()));
+        return Err(format!(
+            "{label}: {} cells, the header has {d} device columns (a lost separator?)",
+            rest.len()
+        ));
     }
     let (devices, tail) = rest.split_at(d);
     // Tabs keep empty cells: NIC rows end in them, GPU rows carry one before
@@ -239,7 +280,9 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
             return Err(format!("{label}: empty cell under {col}"));
         }
         if !is_class(cell) {
-            return Err(format!("{label}: cell {cell:?} under {col} is not a path class"));
+            return Err(format!(
+                "{label}: cell {cell:?} under {col} is not a path class"
+            ));
         }
         if (*cell == "X") != (col == label) {
             return Err(format!("{label}: `X` must stand under {label} only, found {cell:?} under {col} (cells shifted?)"));
@@ -247,7 +290,9 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
     }
     for (col, cell) in topo.affinity_columns.iter().zip(&affinity) {
         if *cell != "N/A" && NodeList::parse(cell).is_none() {
-            return Err(format!("{label}: {col} {cell:?} is neither a list like 0-15,32 nor N/A"));
+            return Err(format!(
+                "{label}: {col} {cell:?} is neither a list like 0-15,32 nor N/A"
+            ));
         }
     }
     Ok(Row {
@@ -261,7 +306,11 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
 /// The NIC Legend after the matrix: `NICn: name` lines after a `NIC Legend:`
 /// line. A line starting with `NIC<digits>` is an entry and must be
 /// well-formed; any other line after an entry ends the legend (a prompt).
-fn legend(lines: &[&str], offset: usize, columns: &[String]) -> Result<BTreeMap<String, String>, (Option<usize>, String)> {
+fn legend(
+    lines: &[&str],
+    offset: usize,
+    columns: &[String],
+) -> Result<BTreeMap<String, String>, (Option<usize>, String)> {
     let mut out = BTreeMap::new();
     let start = lines.iter().position(|l| l.trim() == "NIC Legend:");
     if let Some(start) = start {
@@ -275,22 +324,38 @@ fn legend(lines: &[&str], offset: usize, columns: &[String]) -> Result<BTreeMap<
                 }
                 break;
             }
-            let entry = l.split_once(':').map(|(nic, name)| (nic.trim(), name.trim()));
-            let Some((nic, name)) = entry.filter(|(nic, name)| *nic == word && is_device_name(name)) else {
-                return Err((line_no, format!("NIC Legend entry {l:?} is not `NICn: name`")));
+            let entry = l
+                .split_once(':')
+                .map(|(nic, name)| (nic.trim(), name.trim()));
+            let Some((nic, name)) =
+                entry.filter(|(nic, name)| *nic == word && is_device_name(name))
+            else {
+                return Err((
+                    line_no,
+                    format!("NIC Legend entry {l:?} is not `NICn: name`"),
+                ));
             };
             if !columns.iter().any(|c| c == nic) {
-                return Err((line_no, format!("NIC Legend names {nic}, which is not a column of the matrix")));
+                return Err((
+                    line_no,
+                    format!("NIC Legend names {nic}, which is not a column of the matrix"),
+                ));
             }
             if let Some(other) = out.iter().find_map(|(k, v)| (v == name).then_some(k)) {
-                return Err((line_no, format!("NIC Legend gives {name} to both {other} and {nic}")));
+                return Err((
+                    line_no,
+                    format!("NIC Legend gives {name} to both {other} and {nic}"),
+                ));
             }
             if out.insert(nic.to_string(), name.to_string()).is_some() {
                 return Err((line_no, format!("NIC Legend lists {nic} twice")));
             }
         }
     }
-    if let Some(c) = columns.iter().find(|c| device_index(c, "NIC").is_some() && !out.contains_key(*c)) {
+    if let Some(c) = columns
+        .iter()
+        .find(|c| device_index(c, "NIC").is_some() && !out.contains_key(*c))
+    {
         return Err((None, format!("column {c} is not in the NIC Legend")));
     }
     Ok(out)
@@ -298,9 +363,14 @@ fn legend(lines: &[&str], offset: usize, columns: &[String]) -> Result<BTreeMap<
 
 /// Fills the GPU views from the rows.
 fn reduce(topo: &mut Topo) -> Result<(), String> {
-    let numa_col = topo.affinity_columns.iter().position(|c| c == "NUMA Affinity");
+    let numa_col = topo
+        .affinity_columns
+        .iter()
+        .position(|c| c == "NUMA Affinity");
     for row in &topo.rows {
-        let Some(index) = device_index(&row.label, "GPU") else { continue };
+        let Some(index) = device_index(&row.label, "GPU") else {
+            continue;
+        };
         let mut paths = BTreeMap::new();
         for (col, cell) in topo.columns.iter().zip(&row.cells) {
             if device_index(col, "GPU").is_some() {
@@ -312,7 +382,10 @@ fn reduce(topo: &mut Topo) -> Result<(), String> {
             }
         }
         topo.gpu_to_nic.insert(index, paths);
-        if let Some(list) = numa_col.and_then(|i| row.affinity.get(i)).and_then(|c| NodeList::parse(c)) {
+        if let Some(list) = numa_col
+            .and_then(|i| row.affinity.get(i))
+            .and_then(|c| NodeList::parse(c))
+        {
             topo.gpu_numa.insert(index, list);
         }
     }
@@ -328,14 +401,16 @@ pub fn device_index(cell: &str, prefix: &str) -> Option<u32> {
 /// (`GPU0`, `NIC1`, `mlx5_0`, `roceP2p1s0f0`, `bnxt_re0`).
 fn is_device_name(s: &str) -> bool {
     let mut b = s.bytes();
-    b.next().is_some_and(|c| c.is_ascii_alphabetic()) && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+    b.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && b.all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
 }
 
 /// A path class as printed: `X`, `PIX`, `NV18`, `SOC`… (letters, then
 /// letters or digits). Affinity values (`0-15`, `N/A`) are not.
 fn is_class(s: &str) -> bool {
     let mut b = s.bytes();
-    b.next().is_some_and(|c| c.is_ascii_uppercase()) && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+    b.next().is_some_and(|c| c.is_ascii_uppercase())
+        && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
 }
 
 /// Drops terminal escapes (bold and underlined headers on a tty).
@@ -393,6 +468,75 @@ NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n\n";
         let e = parse_topo(&broken, "f.txt").unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.to_string().starts_with("f.txt line 2: GPU0"), "{e}");
+    }
+
+    #[test]
+    fn each_refusal_names_its_line_and_reason_as_the_readme_shows() {
+        let cases = [
+            (
+                TABS.replacen("SYS\t0-7", "0-7\tSYS", 1),
+                2,
+                "GPU0: cell \"0-7\" under NIC1 is not a path class",
+            ),
+            (
+                TABS.replacen("\tPIX\tSYS\t0-7", "\t\tSYS\t0-7", 1),
+                2,
+                "GPU0: empty cell under NIC0",
+            ),
+            (
+                TABS.replacen("NV18\t X ", "NV18\tNV18", 1),
+                3,
+                "GPU1: `X` must stand under GPU1 only, found \"NV18\" under GPU1 (cells shifted?)",
+            ),
+            (
+                TABS.replacen("\t0\t\tN/A", "\tzero\t\tN/A", 1),
+                2,
+                "GPU0: NUMA Affinity \"zero\" is neither a list like 0-15,32 nor N/A",
+            ),
+            (
+                TABS.replacen("NIC1\tSYS", "NIC0\tSYS", 1),
+                5,
+                "NIC0 has a second row",
+            ),
+            (
+                TABS.replacen("NIC1\tSYS\tPIX\tSYS\t X \t\t\t\t\n", "", 1),
+                5,
+                "the matrix ends here without a row for NIC1",
+            ),
+            (
+                TABS.replacen("\nGPU1\t", "\nGPU9\t", 1),
+                3,
+                "row \"GPU9\" is not a device column of the header (GPU0 GPU1 NIC0 NIC1)",
+            ),
+            (
+                TABS.replacen("  NIC1: mlx5_1", "  NIC1: mlx5_0", 1),
+                14,
+                "NIC Legend gives mlx5_0 to both NIC0 and NIC1",
+            ),
+            (
+                TABS.replacen("  NIC1: mlx5_1", "  NIC7: mlx5_7", 1),
+                14,
+                "NIC Legend names NIC7, which is not a column of the matrix",
+            ),
+            (
+                TABS.replacen("\tGPU NUMA ID", "\tGPU NUMA ID\tPower", 1),
+                1,
+                "header cell \"Power\" after the affinity columns is not one of",
+            ),
+            (
+                TABS.replacen("\tNIC1\t", "\tNIC0\t", 1),
+                1,
+                "header names NIC0 twice",
+            ),
+        ];
+        for (text, line, reason) in cases {
+            let e = parse_topo(&text, "topo.txt").unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("topo.txt line {line}: {reason}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
