@@ -215,6 +215,12 @@ pub fn nic_rails(
     re: &Regex,
     template: &str,
 ) -> Result<BTreeMap<String, RailNic>> {
+    // The record's view of each port (NUMA node, link), by netdev name.
+    let endpoints = record.endpoints();
+    let by_name: BTreeMap<&str, (&Interface, Option<&Interface>)> = endpoints
+        .iter()
+        .filter_map(|&(i, p)| Some((i.name.as_deref()?, (i, p))))
+        .collect();
     let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
     for iface in ifaces {
         let Some(rail) = rail_id(re, template, iface)? else {
@@ -222,11 +228,7 @@ pub fn nic_rails(
         };
         let pci = device_pci(root, &format!("class/net/{iface}/device"))
             .with_context(|| format!("rail {rail}: interface {iface} has no PCI device"))?;
-        let port = record
-            .endpoints()
-            .into_iter()
-            .find(|(i, _)| i.name.as_deref() == Some(iface.as_str()));
-        add_port(&mut out, pci, rail, port);
+        add_port(&mut out, pci, rail, by_name.get(iface.as_str()).copied());
     }
     Ok(out)
 }
@@ -333,9 +335,7 @@ fn gpu_paths(
                 .map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
             paths.insert(nic.clone(), class.as_str().to_string());
         }
-        let numa = acc
-            .numa
-            .map(|n| topo::NodeList::parse(&n.to_string()).expect("a number is a list"));
+        let numa = acc.numa.map(topo::NodeList::single);
         out.push(GpuPaths {
             pci_bus_id: acc.pci_bus_id.clone(),
             uuid: None,
@@ -409,7 +409,7 @@ fn nvidia_smi_view(
             let acc = record
                 .accelerators()
                 .find(|a| a.pci_bus_id == id.pci_bus_id)?;
-            topo::NodeList::parse(&acc.numa?.to_string())
+            acc.numa.map(topo::NodeList::single)
         });
         out.push(GpuPaths {
             pci_bus_id: id.pci_bus_id,

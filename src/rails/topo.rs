@@ -80,6 +80,11 @@ impl NodeList {
         Some(NodeList(out))
     }
 
+    /// The list of one node (a GPU's `numa_node`).
+    pub fn single(n: u32) -> NodeList {
+        NodeList(vec![n..=n])
+    }
+
     /// Whether `n` is in the list.
     pub fn contains(&self, n: u32) -> bool {
         self.0.iter().any(|r| r.contains(&n))
