@@ -158,10 +158,19 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
         .iter()
         .find(|c| !topo.rows.iter().any(|r| &r.label == *c))
     {
-        return Err(err(
-            Some(end + 1),
-            format!("the matrix ends here without a row for {missing}"),
-        ));
+        // Point at the blank or legend line that ended the matrix, or at the
+        // last line when the text itself ends (a paste cut short).
+        return Err(if end < lines.len() {
+            err(
+                Some(end + 1),
+                format!("the matrix ends here without a row for {missing}"),
+            )
+        } else {
+            err(
+                Some(end),
+                format!("the text ends after this line without a row for {missing}"),
+            )
+        });
     }
     topo.legend = legend(&lines[end..], end, &topo.columns).map_err(|(line, r)| err(line, r))?;
     reduce(&mut topo).map_err(|r| err(None, r))?;
