@@ -406,8 +406,9 @@ fn reduce(topo: &mut Topo) -> Result<(), String> {
     Ok(())
 }
 
-/// `GPU3` → 3 for prefix `GPU`.
-pub fn device_index(cell: &str, prefix: &str) -> Option<u32> {
+/// `GPU3` → 3 for prefix `GPU`: the index that ties a column to nvidia-smi's
+/// GPU numbering (and `NICn` to its legend entry).
+fn device_index(cell: &str, prefix: &str) -> Option<u32> {
     number(cell.strip_prefix(prefix)?)
 }
 
