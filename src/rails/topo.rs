@@ -129,10 +129,11 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
     };
     let text = strip_ansi(text);
     let lines: Vec<&str> = text.lines().collect();
-    let (header_at, layout) =
-        find_header(&lines).ok_or_else(|| err(None, "no header row with GPU columns".into()))?;
-    let (columns, affinity_columns) =
-        header(layout, lines[header_at]).map_err(|r| err(Some(header_at + 1), r))?;
+    let (header_at, layout, (columns, affinity_columns)) =
+        find_header(&lines).map_err(|found| match found {
+            Some((n, reason)) => err(Some(n + 1), reason),
+            None => err(None, "no header row with GPU columns".into()),
+        })?;
     let mut topo = Topo {
         columns,
         affinity_columns,
@@ -177,24 +178,52 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
     Ok(topo)
 }
 
-/// The first line naming a GPU column and holding no `X` (every matrix row
-/// has its `X`), and the layout its separators give.
-fn find_header(lines: &[&str]) -> Option<(usize, Layout)> {
-    lines.iter().enumerate().find_map(|(n, line)| {
+/// The header: a line that names a GPU column, holds no `X` (every matrix
+/// row has its `X`) and reads as a header. The first one followed by a row of
+/// one of its devices wins, so that text before the dump that happens to name
+/// a GPU (`GPU0 NVIDIA H100`) is passed over; else the first one that reads
+/// (its damaged first row is then refused on its own line); else the first
+/// candidate's fault, if any. Returns the line, its layout and its columns.
+fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize, String)>> {
+    let mut fallback = None;
+    let mut first_fault = None;
+    for (n, line) in lines.iter().enumerate() {
         let layout = if line.contains('\t') {
             Layout::Tabs
         } else {
             Layout::Spaces
         };
         let cells = layout.cells(line);
-        let is_header =
-            cells.iter().any(|c| device_index(c, "GPU").is_some()) && !cells.contains(&"X");
-        is_header.then_some((n, layout))
-    })
+        if !cells.iter().any(|c| device_index(c, "GPU").is_some()) || cells.contains(&"X") {
+            continue;
+        }
+        match header(layout, line) {
+            Ok(columns) => {
+                let next = lines
+                    .get(n + 1)
+                    .map(|l| layout.cells(l))
+                    .unwrap_or_default();
+                let is_row = next
+                    .first()
+                    .is_some_and(|label| columns.0.iter().any(|c| c == label));
+                if is_row && next.contains(&"X") {
+                    return Ok((n, layout, columns));
+                }
+                fallback.get_or_insert((n, layout, columns));
+            }
+            Err(reason) => {
+                first_fault.get_or_insert((n, reason));
+            }
+        }
+    }
+    fallback.ok_or(first_fault)
 }
 
+/// A header's device columns and affinity columns, in order.
+type Columns = (Vec<String>, Vec<String>);
+
 /// The device columns and affinity columns of the header line.
-fn header(layout: Layout, line: &str) -> Result<(Vec<String>, Vec<String>), String> {
+fn header(layout: Layout, line: &str) -> Result<Columns, String> {
     let mut cells: Vec<String> = match layout {
         Layout::Tabs => {
             let mut cells = layout.cells(line);
@@ -552,6 +581,31 @@ NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n\n";
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn text_before_the_dump_that_names_a_gpu_is_passed_over() {
+        let preamble = "GPU0 NVIDIA H100 80GB HBM3\nGPU0 NVIDIA H100\n";
+        let t = parse_topo(&format!("{preamble}{TABS}"), "t").unwrap();
+        assert_eq!(t.gpu_to_nic, parse_topo(TABS, "t").unwrap().gpu_to_nic);
+        assert_eq!(t.rows[0].line, 4, "lines are counted in the whole text");
+        // A damaged first row does not hide the header: the row is refused.
+        let e = parse_topo(&TABS.replacen("GPU0\t X ", "GPU0 X ", 1), "t").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        // With no dump after it, the first line that reads as a header is
+        // taken, and its missing rows are the fault.
+        let e = parse_topo(preamble, "t").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t line 2: the text ends after this line without a row for GPU0"
+        );
+        // Nothing that reads as a header: the first candidate's fault.
+        let e = parse_topo("GPU0 NVIDIA H100 80GB HBM3\n", "t").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("t line 1: header cell \"80GB\" is neither a device name"),
+            "{e}"
+        );
     }
 
     #[test]
