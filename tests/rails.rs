@@ -1142,3 +1142,27 @@ fn topo_file_from_a_slow_pipe_reads_the_same_as_the_file() {
     writer.join().unwrap();
     assert_eq!(piped, ok(Case::read("dgx-spark").run()));
 }
+
+#[test]
+fn host_lldp_ports_take_their_link_state_from_the_node_record() {
+    let n = Node::new();
+    // eth_r1_p0 (mlx5_2, 0000:33:00.0) has its neighbour but its RDMA port is down.
+    let port = "devices/pci0000:00/0000:00:03.0/0000:30:00.0/0000:31:01.0/0000:33:00.0/infiniband/mlx5_2/ports/1";
+    fs::write(n.root.join(port).join("state"), "1: DOWN\n").unwrap();
+    fs::write(n.root.join(port).join("phys_state"), "3: Disabled\n").unwrap();
+    let f = flags(&n.lldp(&ALL_RAIL_PORTS));
+    let mut a = args(&f);
+    a.push("--sysfs-paths");
+    let r = record(n.rails(&a));
+    assert_eq!(r["railSource"], "host-lldp");
+    // GPU0 ties rail1's two NICs at NODE; the down one gives way and is named.
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail1"],
+        json!({"pathClass": "NODE", "nics": ["0000:43:00.0"], "down": ["0000:33:00.0"]})
+    );
+    // GPU2 reaches it alone at PIX: still its candidate, marked down.
+    assert_eq!(
+        r["gpus"][2]["rails"]["rail1"],
+        json!({"pathClass": "PIX", "nics": ["0000:33:00.0"], "down": ["0000:33:00.0"]})
+    );
+}
