@@ -131,11 +131,12 @@ pub enum Command {
     Cdi(StateArgs),
     /// Print the GPU-to-NIC rail record: for every GPU and every network rail,
     /// the NICs tied at the closest PCIe path class (PIX < PXB < PHB < NODE < SYS).
-    /// Rails come from the host's LLDP neighbours; path classes from
+    /// Rails come from the host's LLDP neighbours (or, with --rail-source
+    /// interface-name, from port names alone); path classes from
     /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
     /// naming the rail and GPU, on an unknown path class or a rail with no
     /// qualified NIC.
-    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths")]
+    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'")]
     Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
@@ -174,8 +175,15 @@ pub struct RailArgs {
     #[arg(long, value_name = "FILE")]
     pub rails_config: Option<PathBuf>,
 
-    /// Rail interfaces: a regular expression on interface names whose capture
-    /// groups feed --rail-id, e.g. '^eth_r([0-9]+)_p[0-9]+$'.
+    /// Where rail ports come from: `host-lldp` (interfaces with an LLDP
+    /// neighbour; the default) or `interface-name` (every port whose netdev
+    /// or RDMA device name matches --interface-regex: InfiniBand has no LLDP).
+    #[arg(long, value_name = "SOURCE", value_parser = rails::RAIL_SOURCES)]
+    pub rail_source: Option<String>,
+
+    /// Rail ports: a regular expression on interface names (with
+    /// interface-name also RDMA device names) whose capture groups feed
+    /// --rail-id, e.g. '^eth_r([0-9]+)_p[0-9]+$'.
     #[arg(long, value_name = "RE")]
     pub interface_regex: Option<String>,
 
@@ -228,21 +236,26 @@ impl RailArgs {
                 anyhow::bail!("{}: gpuNicRailMapping is disabled (enabled: false)", self.rails_config.as_ref().unwrap().display());
             }
         }
-        let lldp_cfg = config.as_ref().and_then(|c| c.rail_source.host_lldp.clone());
+        let source = self.rail_source.clone().or_else(|| config.as_ref().map(|c| c.rail_source.name.clone()));
+        let source = source.as_deref().unwrap_or(rails::HOST_LLDP);
+        // The config's port settings count only for the source they belong to.
+        let lldp_cfg = config.as_ref().filter(|c| c.rail_source.name == source).and_then(|c| c.rail_source.ports().cloned());
         let regex = self
             .interface_regex
             .clone()
             .or_else(|| lldp_cfg.as_ref().map(|l| l.interface_regex.clone()))
-            .context("rails need --interface-regex (or railSource.hostLLDP.interfaceRegex in --rails-config)")?;
+            .context("rails need --interface-regex (or railSource.hostLLDP/interfaceName.interfaceRegex in --rails-config)")?;
         let rail_id = self
             .rail_id
             .clone()
             .or_else(|| lldp_cfg.as_ref().map(|l| l.rail_id.clone()))
-            .context("rails need --rail-id (or railSource.hostLLDP.railID in --rails-config)")?;
+            .context("rails need --rail-id (or railSource.hostLLDP/interfaceName.railID in --rails-config)")?;
         let interface_regex = regex::Regex::new(&regex).with_context(|| format!("--interface-regex {regex:?}"))?;
-        let lldp = match &self.lldp_json {
-            Some(f) => rails::LldpInput::File(f.clone()),
-            None => rails::LldpInput::Lldpctl(self.lldp_socket.clone()),
+        let source = match (source, &self.lldp_json) {
+            (rails::INTERFACE_NAME, None) if self.lldp_socket.is_none() => rails::RailInput::InterfaceName,
+            (rails::INTERFACE_NAME, _) => anyhow::bail!("--lldp-json and --lldp-socket are for the host-lldp rail source, not interface-name"),
+            (_, Some(f)) => rails::RailInput::HostLldp(rails::LldpInput::File(f.clone())),
+            (_, None) => rails::RailInput::HostLldp(rails::LldpInput::Lldpctl(self.lldp_socket.clone())),
         };
         let nvidia = match (&self.topo_file, &self.gpu_query_file) {
             _ if self.sysfs_paths => rails::NvidiaInput::Sysfs,
@@ -255,7 +268,7 @@ impl RailArgs {
                 .with_context(|| format!("reading Node {name}'s UID"))?,
             _ => String::new(),
         };
-        Ok(rails::Options { lldp, interface_regex, rail_id, nvidia, node_uid })
+        Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid })
     }
 }
 

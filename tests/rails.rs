@@ -9,14 +9,16 @@ mod snapshots;
 
 use snapshots::settings;
 
-use nodefabric::rails::{lldp, nvsmi};
+use nodefabric::rails::{lldp, nvsmi, topo};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
 }
 
 fn text(rel: &str) -> String {
@@ -27,10 +29,14 @@ fn text(rel: &str) -> String {
 
 #[test]
 fn topo_eight_gpus_ten_nics_with_legend_and_affinity_columns() {
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-8gpu-10nic.txt")).unwrap();
+    let t = topo::parse_topo(&text("nvsmi/topo-8gpu-10nic.txt"), "t").unwrap();
     assert_eq!(t.gpu_to_nic.len(), 8);
     let g0 = &t.gpu_to_nic[&0];
-    assert_eq!(g0.len(), 10, "GPU columns and affinity columns are not NICs");
+    assert_eq!(
+        g0.len(),
+        10,
+        "GPU columns and affinity columns are not NICs"
+    );
     assert_eq!(g0["mlx5_0"], "PIX");
     assert_eq!(g0["mlx5_1"], "NODE");
     assert_eq!(g0["mlx5_4"], "SYS");
@@ -40,11 +46,14 @@ fn topo_eight_gpus_ten_nics_with_legend_and_affinity_columns() {
 
 #[test]
 fn topo_four_gpus_without_nics_and_an_older_layout_named_by_device() {
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-4gpu-nonic.txt")).unwrap();
-    assert_eq!(t.gpu_to_nic.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    let t = topo::parse_topo(&text("nvsmi/topo-4gpu-nonic.txt"), "t").unwrap();
+    assert_eq!(
+        t.gpu_to_nic.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
     assert!(t.gpu_to_nic.values().all(|m| m.is_empty()));
 
-    let t = nvsmi::parse_topo(&text("nvsmi/topo-4gpu-oldnames.txt")).unwrap();
+    let t = topo::parse_topo(&text("nvsmi/topo-4gpu-oldnames.txt"), "t").unwrap();
     assert_eq!(t.gpu_to_nic[&0]["mlx5_0"], "PXB");
     assert_eq!(t.gpu_to_nic[&2]["mlx5_1"], "PHB");
     assert_eq!(t.gpu_to_nic[&3]["mlx5_0"], "SYS");
@@ -55,38 +64,58 @@ fn topo_with_terminal_escapes_parses_the_same() {
     let plain = text("nvsmi/topo-8gpu-10nic.txt");
     let (hdr, rest) = plain.split_once('\n').unwrap();
     let tty = format!("\u{1b}[4m{hdr}\u{1b}[0m\n{rest}");
-    assert_eq!(nvsmi::parse_topo(&tty).unwrap(), nvsmi::parse_topo(&plain).unwrap());
+    assert_eq!(
+        topo::parse_topo(&tty, "t").unwrap(),
+        topo::parse_topo(&plain, "t").unwrap()
+    );
 }
 
 #[test]
-fn malformed_topo_is_an_error_naming_the_line() {
+fn malformed_topo_is_an_error_naming_the_file_and_line_once() {
     let plain = text("nvsmi/topo-8gpu-10nic.txt");
+    let parse = |t: &str| topo::parse_topo(t, "saved.txt").unwrap_err();
     // A truncated GPU row.
     let mut lines: Vec<String> = plain.lines().map(str::to_string).collect();
     lines[3] = lines[3].split('\t').take(5).collect::<Vec<_>>().join("\t");
-    let e = nvsmi::parse_topo(&lines.join("\n")).unwrap_err();
-    assert_eq!(e.line, 4, "{e}");
-    assert!(e.to_string().contains("GPU2"), "{e}");
-    // NIC columns but no NIC Legend.
-    let cut = &plain[..plain.find("NIC Legend:").unwrap()];
-    let e = nvsmi::parse_topo(cut).unwrap_err();
-    assert!(e.to_string().contains("NIC0 is not in the NIC Legend"), "{e}");
-    // A legend line that is not `NICn: name`.
-    let e = nvsmi::parse_topo(&format!("{plain}  garbage\n")).unwrap_err();
-    assert!(e.to_string().contains("garbage"), "{e}");
+    let e = parse(&lines.join("\n"));
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(
+        e.to_string().starts_with("saved.txt line 4: GPU2: 4 cells"),
+        "{e}"
+    );
+    // NIC columns but no NIC Legend: the whole text is at fault, no line 0.
+    let e = parse(&plain[..plain.find("NIC Legend:").unwrap()]);
+    assert_eq!(
+        e.to_string(),
+        "saved.txt: column NIC0 is not in the NIC Legend"
+    );
+    // A damaged legend entry; other text after the legend (a prompt) is not one.
+    let e = parse(&plain.replace("NIC9: mlx5_9", "NIC9 mlx5_9"));
+    assert!(
+        e.to_string()
+            .contains("line 42: NIC Legend entry \"NIC9 mlx5_9\""),
+        "{e}"
+    );
+    assert!(topo::parse_topo(&format!("{plain}root@dgx:~# "), "t").is_ok());
     // No matrix at all.
-    let e = nvsmi::parse_topo("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n").unwrap_err();
-    assert!(e.to_string().contains("no header row"), "{e}");
+    let e =
+        parse("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n");
+    assert_eq!(e.to_string(), "saved.txt: no header row with GPU columns");
     // An empty cell under a device column.
     let blanked = plain.replacen("\tPIX\t", "\t\t", 1);
-    assert!(nvsmi::parse_topo(&blanked).unwrap_err().to_string().contains("empty cell under NIC0"));
+    assert!(parse(&blanked)
+        .to_string()
+        .contains("line 2: GPU0: empty cell under NIC0"));
 }
 
 #[test]
 fn query_normalises_bus_ids_and_rejects_bad_lines() {
-    let ids = nvsmi::parse_query(&text("nvsmi/query-8gpu.csv")).unwrap();
+    let ids = nvsmi::parse_query(&text("nvsmi/query-8gpu.csv"), "q").unwrap();
     assert_eq!(ids.len(), 8);
-    assert_eq!(ids[0].pci_bus_id, "0000:12:00.0", "8-digit domain, uppercase hex → kernel form");
+    assert_eq!(
+        ids[0].pci_bus_id, "0000:12:00.0",
+        "8-digit domain, uppercase hex → kernel form"
+    );
     assert_eq!(ids[4].pci_bus_id, "0000:92:00.0");
     assert!(ids[7].uuid.starts_with("GPU-00000007"));
     for (bad, why) in [
@@ -94,9 +123,12 @@ fn query_normalises_bus_ids_and_rejects_bad_lines() {
         ("x, GPU-1, 00000000:12:00.0\n", "not a number"),
         ("0, 1234, 00000000:12:00.0\n", "GPU-"),
         ("0, GPU-1, 12:00\n", "not a PCI address"),
-        ("0, GPU-1, 00000000:12:00.0\n0, GPU-2, 00000000:22:00.0\n", "twice"),
+        (
+            "0, GPU-1, 00000000:12:00.0\n0, GPU-2, 00000000:22:00.0\n",
+            "twice",
+        ),
     ] {
-        let e = nvsmi::parse_query(bad).unwrap_err();
+        let e = nvsmi::parse_query(bad, "q").unwrap_err();
         assert!(e.to_string().contains(why), "{bad:?}: {e}");
     }
 }
@@ -107,16 +139,31 @@ fn query_normalises_bus_ids_and_rejects_bad_lines() {
 fn lldpctl_shapes_object_list_empty_and_json0() {
     let names = |f: &str| {
         let v: Value = serde_json::from_str(&text(&format!("lldp/{f}"))).unwrap();
-        lldp::interfaces(&v).unwrap().into_iter().collect::<Vec<_>>()
+        lldp::interfaces(&v)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>()
     };
     assert_eq!(names("puppet-lldpd-single-nosysname.json"), ["enp3s0"]);
     assert_eq!(names("puppet-lldpd-multi-trimmed.json"), ["eno1"]);
     assert!(names("puppet-lldpd-empty.json").is_empty());
-    assert_eq!(names("lldpd-testexpect-show-neighbors-details.json"), ["eth0"]);
-    assert_eq!(names("lldpd-testexpect-show-neighbors-details.json0.json"), ["eth0"]);
+    assert_eq!(
+        names("lldpd-testexpect-show-neighbors-details.json"),
+        ["eth0"]
+    );
+    assert_eq!(
+        names("lldpd-testexpect-show-neighbors-details.json0.json"),
+        ["eth0"]
+    );
     // Two neighbours on one port: one interface.
     let twice = json!({"lldp": {"interface": [{"eth1": {}}, {"eth1": {}}, {"eth0": {}}]}});
-    assert_eq!(lldp::interfaces(&twice).unwrap().into_iter().collect::<Vec<_>>(), ["eth0", "eth1"]);
+    assert_eq!(
+        lldp::interfaces(&twice)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["eth0", "eth1"]
+    );
     assert!(lldp::interfaces(&json!({"interfaces": []})).is_err());
     assert!(lldp::interfaces(&json!({"lldp": {"interface": "eth0"}})).is_err());
 }
@@ -137,13 +184,24 @@ impl Node {
         let root = tmp.path().join("sys");
         fixtures::gpu8_named(&root, |i, _| format!("eth_r{}_p{}", i / 2, i % 2));
         let dir = tmp.path().to_path_buf();
-        Node { _tmp: tmp, root, dir }
+        Node {
+            _tmp: tmp,
+            root,
+            dir,
+        }
     }
 
     /// Writes an lldpctl-shaped neighbour table listing `ifaces`.
     fn lldp(&self, ifaces: &[&str]) -> PathBuf {
-        let list: Vec<Value> = ifaces.iter().map(|i| json!({ *i: {"via": "LLDP", "rid": "1"} })).collect();
-        let v = if list.len() == 1 { json!({"lldp": {"interface": list[0]}}) } else { json!({"lldp": {"interface": list}}) };
+        let list: Vec<Value> = ifaces
+            .iter()
+            .map(|i| json!({ *i: {"via": "LLDP", "rid": "1"} }))
+            .collect();
+        let v = if list.len() == 1 {
+            json!({"lldp": {"interface": list[0]}})
+        } else {
+            json!({"lldp": {"interface": list}})
+        };
         let p = self.dir.join("lldp.json");
         fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
         p
@@ -167,7 +225,16 @@ impl Node {
     }
 }
 
-const ALL_RAIL_PORTS: [&str; 8] = ["eth_r0_p0", "eth_r0_p1", "eth_r1_p0", "eth_r1_p1", "eth_r2_p0", "eth_r2_p1", "eth_r3_p0", "eth_r3_p1"];
+const ALL_RAIL_PORTS: [&str; 8] = [
+    "eth_r0_p0",
+    "eth_r0_p1",
+    "eth_r1_p0",
+    "eth_r1_p1",
+    "eth_r2_p0",
+    "eth_r2_p1",
+    "eth_r3_p0",
+    "eth_r3_p1",
+];
 
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -201,15 +268,25 @@ fn sysfs_paths_keep_every_tied_nic_and_name_the_source() {
     let r: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["version"], "rails.nodefabric.gpustack.ai/v1");
     assert_eq!(r["railSource"], "host-lldp");
-    assert_eq!(r["nics"].as_object().unwrap().len(), 8, "only rail ports: {out}");
+    assert_eq!(
+        r["nics"].as_object().unwrap().len(),
+        8,
+        "only rail ports: {out}"
+    );
     assert_eq!(r["nics"]["0000:13:00.0"], json!(["rail0"]));
     let g0 = &r["gpus"][0];
     assert_eq!(g0["pciBusId"], "0000:12:00.0");
     assert_eq!(g0["source"], "sysfs");
     assert!(g0.get("uuid").is_none());
-    assert_eq!(g0["rails"]["rail0"], json!({"pathClass": "PIX", "nics": ["0000:13:00.0"]}));
+    assert_eq!(
+        g0["rails"]["rail0"],
+        json!({"pathClass": "PIX", "nics": ["0000:13:00.0"]})
+    );
     // rail1's two NICs sit on GPU0's NUMA node behind other switches: a tie, both kept.
-    assert_eq!(g0["rails"]["rail1"], json!({"pathClass": "NODE", "nics": ["0000:33:00.0", "0000:43:00.0"]}));
+    assert_eq!(
+        g0["rails"]["rail1"],
+        json!({"pathClass": "NODE", "nics": ["0000:33:00.0", "0000:43:00.0"]})
+    );
     assert_eq!(g0["rails"]["rail2"]["pathClass"], "SYS");
     settings().bind(|| insta::assert_snapshot!("rails_gpu8.sysfs", out));
 }
@@ -219,18 +296,35 @@ fn nvidia_smi_outputs_give_uuids_and_classes_and_extra_nics_are_ignored() {
     let n = Node::new();
     let f = flags(&n.lldp(&ALL_RAIL_PORTS));
     let mut a = args(&f);
-    let (q, t) = (data("nvsmi/query-8gpu.csv"), data("nvsmi/topo-8gpu-10nic.txt"));
-    a.extend(["--gpu-query-file", q.to_str().unwrap(), "--topo-file", t.to_str().unwrap()]);
+    let (q, t) = (
+        data("nvsmi/query-8gpu.csv"),
+        data("nvsmi/topo-8gpu-10nic.txt"),
+    );
+    a.extend([
+        "--gpu-query-file",
+        q.to_str().unwrap(),
+        "--topo-file",
+        t.to_str().unwrap(),
+    ]);
     let out = ok(n.rails(&a));
     let r: Value = serde_json::from_str(&out).unwrap();
     let g5 = &r["gpus"][5];
     assert_eq!(g5["pciBusId"], "0000:a2:00.0");
     assert_eq!(g5["source"], "nvidia-smi");
     assert_eq!(g5["uuid"], "GPU-00000005-1b2c-4d5e-8f90-a1b2c3d4e5f5");
-    assert_eq!(g5["rails"]["rail2"], json!({"pathClass": "PIX", "nics": ["0000:a3:00.0"]}));
-    assert_eq!(g5["rails"]["rail3"], json!({"pathClass": "NODE", "nics": ["0000:b3:00.0", "0000:c3:00.0"]}));
+    assert_eq!(
+        g5["rails"]["rail2"],
+        json!({"pathClass": "PIX", "nics": ["0000:a3:00.0"]})
+    );
+    assert_eq!(
+        g5["rails"]["rail3"],
+        json!({"pathClass": "NODE", "nics": ["0000:b3:00.0", "0000:c3:00.0"]})
+    );
     // mlx5_8/9 are in the matrix but on no rail.
-    assert!(!out.contains("0000:70:00.0") && !out.contains("0000:f0:00.0"), "{out}");
+    assert!(
+        !out.contains("0000:70:00.0") && !out.contains("0000:f0:00.0"),
+        "{out}"
+    );
     settings().bind(|| insta::assert_snapshot!("rails_gpu8.nvidia_smi", out));
 }
 
@@ -241,7 +335,11 @@ fn absent_nvidia_smi_falls_back_to_sysfs() {
     let mut a = args(&f);
     a.extend(["--nvidia-smi", "/nonexistent/nvidia-smi"]);
     let r: Value = serde_json::from_str(&ok(n.rails(&a))).unwrap();
-    assert!(r["gpus"].as_array().unwrap().iter().all(|g| g["source"] == "sysfs"));
+    assert!(r["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["source"] == "sysfs"));
     assert_eq!(r["gpus"].as_array().unwrap().len(), 8);
 }
 
@@ -251,24 +349,47 @@ fn an_unknown_class_or_an_unqualified_rail_fails_naming_rail_and_gpu() {
     let f = flags(&n.lldp(&ALL_RAIL_PORTS));
     let q = data("nvsmi/query-8gpu.csv");
     let topo = text("nvsmi/topo-8gpu-10nic.txt");
-    // GPU0 → NIC0 printed as an old-driver "SOC".
-    let unknown = n.write("topo-unknown.txt", &topo.replacen("\tPIX\t", "\tSOC\t", 1));
+    // GPU0 → NIC0 printed as a class this version does not rank.
+    let unknown = n.write("topo-unknown.txt", &topo.replacen("\tPIX\t", "\tC2C\t", 1));
     let mut a = args(&f);
-    a.extend(["--gpu-query-file", q.to_str().unwrap(), "--topo-file", unknown.to_str().unwrap()]);
+    a.extend([
+        "--gpu-query-file",
+        q.to_str().unwrap(),
+        "--topo-file",
+        unknown.to_str().unwrap(),
+    ]);
     let o = n.rails(&a);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("rail rail0") && err.contains("GPU 0000:12:00.0") && err.contains("\"SOC\""), "{err}");
+    assert!(
+        err.contains("rail rail0") && err.contains("GPU 0000:12:00.0") && err.contains("\"C2C\""),
+        "{err}"
+    );
     assert!(o.stdout.is_empty(), "no partial record on failure");
 
     // rail3's NICs are named in the legend by devices this node does not have.
-    let unqualified = n.write("topo-unq.txt", &topo.replace("NIC6: mlx5_6", "NIC6: mlx5_66").replace("NIC7: mlx5_7", "NIC7: mlx5_77"));
+    let unqualified = n.write(
+        "topo-unq.txt",
+        &topo
+            .replace("NIC6: mlx5_6", "NIC6: mlx5_66")
+            .replace("NIC7: mlx5_7", "NIC7: mlx5_77"),
+    );
     let mut a = args(&f);
-    a.extend(["--gpu-query-file", q.to_str().unwrap(), "--topo-file", unqualified.to_str().unwrap()]);
+    a.extend([
+        "--gpu-query-file",
+        q.to_str().unwrap(),
+        "--topo-file",
+        unqualified.to_str().unwrap(),
+    ]);
     let o = n.rails(&a);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("rail rail3") && err.contains("GPU 0000:12:00.0") && err.contains("no qualified NIC"), "{err}");
+    assert!(
+        err.contains("rail rail3")
+            && err.contains("GPU 0000:12:00.0")
+            && err.contains("no qualified NIC"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -306,7 +427,13 @@ fn the_helm_values_block_configures_the_same_record_and_flags_win() {
         "values.yaml",
         "nodeMetadata:\n  plugins:\n    gpuNicRailMapping:\n      enabled: true\n      configMapName: topograph-nic-rails\n      railSource:\n        name: host-lldp\n        hostLLDP:\n          interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'\n          railID: 'rail$1'\n      gpuSource:\n        gpuOperatorNamespace: gpu-operator\n        daemonSet: nvidia-device-plugin-daemonset\n",
     );
-    let from_cfg = ok(n.rails(&["--rails-config", values.to_str().unwrap(), "--lldp-json", lldp_file.to_str().unwrap(), "--sysfs-paths"]));
+    let from_cfg = ok(n.rails(&[
+        "--rails-config",
+        values.to_str().unwrap(),
+        "--lldp-json",
+        lldp_file.to_str().unwrap(),
+        "--sysfs-paths",
+    ]));
     let f = flags(&lldp_file);
     let mut a = args(&f);
     a.push("--sysfs-paths");
@@ -322,18 +449,42 @@ fn the_helm_values_block_configures_the_same_record_and_flags_win() {
         "all",
     ]));
     let r: Value = serde_json::from_str(&one).unwrap();
-    assert_eq!(r["gpus"][0]["rails"].as_object().unwrap().keys().collect::<Vec<_>>(), ["all"]);
-    assert_eq!(r["gpus"][0]["rails"]["all"]["nics"], json!(["0000:13:00.0"]));
+    assert_eq!(
+        r["gpus"][0]["rails"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["all"]
+    );
+    assert_eq!(
+        r["gpus"][0]["rails"]["all"]["nics"],
+        json!(["0000:13:00.0"])
+    );
 
     for (yaml, why) in [
         ("railSource:\n  name: xplane\n", "xplane is not supported"),
-        ("railSource:\n  name: host-lldp\n  hostLLDP:\n    interfaceRegex: x\n    railId: y\n", "railId"),
-        ("enabled: false\nrailSource:\n  name: host-lldp\n", "disabled"),
+        (
+            "railSource:\n  name: host-lldp\n  hostLLDP:\n    interfaceRegex: x\n    railId: y\n",
+            "railId",
+        ),
+        (
+            "enabled: false\nrailSource:\n  name: host-lldp\n",
+            "disabled",
+        ),
     ] {
         let p = n.write("bad.yaml", yaml);
-        let o = n.rails(&["--rails-config", p.to_str().unwrap(), "--lldp-json", lldp_file.to_str().unwrap()]);
+        let o = n.rails(&[
+            "--rails-config",
+            p.to_str().unwrap(),
+            "--lldp-json",
+            lldp_file.to_str().unwrap(),
+        ]);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains(why) && err.contains("bad.yaml"), "{yaml}: {err}");
+        assert!(
+            !o.status.success() && err.contains(why) && err.contains("bad.yaml"),
+            "{yaml}: {err}"
+        );
     }
 }
 
@@ -356,7 +507,13 @@ fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
             .arg(&rails_file)
             .arg("--lldp-json")
             .arg(lldp)
-            .args(["--interface-regex", "^eth_r([0-9]+)_p[0-9]+$", "--rail-id", "rail$1", "--sysfs-paths"])
+            .args([
+                "--interface-regex",
+                "^eth_r([0-9]+)_p[0-9]+$",
+                "--rail-id",
+                "rail$1",
+                "--sysfs-paths",
+            ])
             .args(extra)
             .env("PATH", "/nonexistent")
             .output()
@@ -365,17 +522,33 @@ fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
     let o = publish(&good, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let first = fs::read_to_string(&rails_file).unwrap();
-    let printed = ok(n.rails(&args(&[flags(&good), vec!["--sysfs-paths".into()]].concat())));
+    let printed = ok(n.rails(&args(
+        &[flags(&good), vec!["--sysfs-paths".into()]].concat(),
+    )));
     assert_eq!(first, printed, "publish writes exactly what `rails` prints");
 
     let broken = n.write("broken.json", "{\"lldp\": ");
     fs::remove_file(n.dir.join("f/nodefabric")).unwrap();
     let o = publish(&broken, &[]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("previous"), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(fs::read_to_string(&rails_file).unwrap(), first, "previous rail record kept");
-    assert!(n.dir.join("f/nodefabric").exists(), "labels and CDI do not depend on rails");
-    let leftovers: Vec<_> = fs::read_dir(rails_file.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("previous"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(&rails_file).unwrap(),
+        first,
+        "previous rail record kept"
+    );
+    assert!(
+        n.dir.join("f/nodefabric").exists(),
+        "labels and CDI do not depend on rails"
+    );
+    let leftovers: Vec<_> = fs::read_dir(rails_file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(leftovers, ["rails.json"], "no temp file left behind");
 }
 
@@ -389,12 +562,14 @@ fn api_server(n: usize) -> (u16, std::thread::JoinHandle<Vec<String>>) {
     use std::io::{BufRead, BufReader, Write};
     let certs = vec![CertificateDer::from_pem_file(data("tls/server.crt")).unwrap()];
     let key = PrivateKeyDer::from_pem_file(data("tls/server.key")).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
     let config = std::sync::Arc::new(config);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -402,7 +577,8 @@ fn api_server(n: usize) -> (u16, std::thread::JoinHandle<Vec<String>>) {
         let mut seen = Vec::new();
         for _ in 0..n {
             let (tcp, _) = listener.accept().unwrap();
-            tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
             let conn = rustls::ServerConnection::new(config.clone()).unwrap();
             let mut tls = BufReader::new(rustls::StreamOwned::new(conn, tcp));
             let mut request = String::new();
@@ -414,7 +590,10 @@ fn api_server(n: usize) -> (u16, std::thread::JoinHandle<Vec<String>>) {
                 }
                 if request.is_empty() {
                     request = line.trim().to_string();
-                } else if let Some(v) = line.strip_prefix("authorization: ").or_else(|| line.strip_prefix("Authorization: ")) {
+                } else if let Some(v) = line
+                    .strip_prefix("authorization: ")
+                    .or_else(|| line.strip_prefix("Authorization: "))
+                {
                     auth = v.trim().to_string();
                 }
             }
@@ -448,7 +627,13 @@ fn in_cluster_the_node_uid_comes_from_the_node_object() {
     let (port, server) = api_server(3);
     let run = |node: &str| {
         let mut a = args(&f);
-        a.extend(["--sysfs-paths", "--service-account-dir", sa.to_str().unwrap(), "--node-name", node]);
+        a.extend([
+            "--sysfs-paths",
+            "--service-account-dir",
+            sa.to_str().unwrap(),
+            "--node-name",
+            node,
+        ]);
         Command::new(env!("CARGO_BIN_EXE_nodefabric"))
             .args(["rails", "--sysfs-root"])
             .arg(&n.root)
@@ -464,15 +649,520 @@ fn in_cluster_the_node_uid_comes_from_the_node_object() {
     // A node the API does not know: the pass fails and says what to check.
     let o = run("node-b");
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no Node named \"node-b\""), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no Node named \"node-b\""),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // A token the API refuses: the RBAC hint.
     fs::write(sa.join("token"), "wrong").unwrap();
     let o = run("node-a");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("needs `get` on nodes"), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(server.join().unwrap(), ["GET /api/v1/nodes/node-a HTTP/1.1", "GET /api/v1/nodes/node-b HTTP/1.1", "GET /api/v1/nodes/node-a HTTP/1.1"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs `get` on nodes"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        server.join().unwrap(),
+        [
+            "GET /api/v1/nodes/node-a HTTP/1.1",
+            "GET /api/v1/nodes/node-b HTTP/1.1",
+            "GET /api/v1/nodes/node-a HTTP/1.1"
+        ]
+    );
     // --node-uid wins and asks nothing.
     let mut a = args(&f);
-    a.extend(["--sysfs-paths", "--node-uid", "given", "--node-name", "node-a"]);
+    a.extend([
+        "--sysfs-paths",
+        "--node-uid",
+        "given",
+        "--node-name",
+        "node-a",
+    ]);
     let r: Value = serde_json::from_str(&ok(n.rails(&a))).unwrap();
     assert_eq!(r["nodeUID"], "given");
+}
+
+// ---- the topo -m corpus ------------------------------------------------------
+
+/// One corpus case: `tests/data/topo/<name>.txt` and its `<name>.nics` table
+/// (`gpus N`, then `nic RDMA-name numa-node rail up|down`).
+struct Case {
+    topo: PathBuf,
+    gpus: u32,
+    nics: Vec<(String, Option<u32>, u32, bool)>,
+}
+
+impl Case {
+    fn read(name: &str) -> Case {
+        Case::parse(
+            data(&format!("topo/{name}.txt")),
+            &text(&format!("topo/{name}.nics")),
+        )
+    }
+
+    /// A case from a `.nics` table's text, for the dump at `topo`.
+    fn parse(topo: PathBuf, table: &str) -> Case {
+        let name = topo.display().to_string();
+        let mut case = Case {
+            topo,
+            gpus: 0,
+            nics: Vec::new(),
+        };
+        for line in table.lines().filter(|l| !l.starts_with('#')) {
+            match line.split_whitespace().collect::<Vec<_>>()[..] {
+                ["gpus", n] => case.gpus = n.parse().unwrap(),
+                ["nic", dev, numa, rail, link] => case.nics.push((
+                    dev.to_string(),
+                    numa.parse().ok(),
+                    rail.parse().unwrap(),
+                    link == "up",
+                )),
+                _ => panic!("{name}.nics: bad line {line:?}"),
+            }
+        }
+        case
+    }
+
+    /// A sysfs tree holding the case's rail NICs (netdev `rail<r>p<k>`, the
+    /// RDMA device named as in the dump, its port up or down) and the query
+    /// CSV for its GPUs; then the rail record through the binary with the
+    /// interface-name source.
+    fn run(&self) -> Output {
+        self.run_with(&[], |_, _| {})
+    }
+
+    /// [`Case::run`] with extra flags, after `more(tree, dir)` has added to
+    /// the tree (GPUs, other ports).
+    fn run_with(&self, extra: &[&str], more: impl FnOnce(&fixtures::Tree, &Path)) -> Output {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("sys");
+        let t = fixtures::Tree::new(&root);
+        for (k, (dev, numa, rail, up)) in self.nics.iter().enumerate() {
+            let numa = numa.map_or(-1, |n| n as i32);
+            let pci = t.pci(
+                &[&fixtures::addr(0x20 + k as u32, 0, 0)],
+                fixtures::MELLANOX,
+                0x1021,
+                fixtures::CLASS_IB,
+                numa,
+            );
+            t.netdev(&pci, &format!("rail{rail}p{k}"), 4092, true);
+            t.rdma(
+                &pci,
+                dev,
+                &[if *up { fixtures::UP } else { fixtures::DOWN }],
+            );
+        }
+        let query: String = (0..self.gpus)
+            .map(|i| {
+                format!(
+                    "{i}, GPU-{:08x}-0000-4000-8000-{i:012}, 00000000:{:02X}:00.0\n",
+                    self.gpus,
+                    0x80 + i
+                )
+            })
+            .collect();
+        let q = tmp.path().join("query.csv");
+        fs::write(&q, query).unwrap();
+        more(&t, tmp.path());
+        Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+            .args(["rails", "--sysfs-root"])
+            .arg(&root)
+            .args([
+                "--rail-source",
+                "interface-name",
+                "--interface-regex",
+                "^rail([0-9]+)p[0-9]+$",
+                "--rail-id",
+                "rail$1",
+            ])
+            .arg("--topo-file")
+            .arg(&self.topo)
+            .arg("--gpu-query-file")
+            .arg(&q)
+            .args(extra)
+            .env("PATH", "/nonexistent")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    }
+}
+
+fn corpus() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(data("topo"))
+        .unwrap()
+        .filter_map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_str()?
+                .strip_suffix(".txt")
+                .map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The damaged dumps of the corpus: each must be refused.
+const DAMAGED: [&str; 3] = [
+    "dgx-a100-truncated",
+    "hgx-h100-extra-cell",
+    "hgx-h100-lost-tab",
+];
+
+#[test]
+fn every_corpus_dump_gives_its_snapshotted_record_or_refusal() {
+    let names = corpus();
+    assert!(names.len() >= 15, "{names:?}");
+    let dir = data("topo").display().to_string();
+    for name in &names {
+        let o = Case::read(name).run();
+        let shown = if DAMAGED.contains(&name.as_str()) {
+            assert!(
+                !o.status.success() && o.stdout.is_empty(),
+                "{name}: a damaged dump was accepted"
+            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            let line = err
+                .lines()
+                .find(|l| l.starts_with("nodefabric: error:"))
+                .unwrap_or_else(|| panic!("{name}: {err}"));
+            assert_eq!(
+                err.matches(&format!("{name}.txt")).count(),
+                2,
+                "{name}: the file is named once per message: {err}"
+            );
+            line.replace(&dir, "tests/data/topo")
+        } else {
+            ok(o)
+        };
+        settings().bind(|| {
+            insta::assert_snapshot!(format!("rails_topo_{}", name.replace('-', "_")), shown)
+        });
+    }
+}
+
+fn record(o: Output) -> Value {
+    serde_json::from_str(&ok(o)).unwrap()
+}
+
+// ---- numaLocal, down ports, the interface-name source ------------------------
+
+#[test]
+fn numa_local_narrows_an_all_sys_tie_on_a_two_socket_tray() {
+    let r = record(Case::read("gb200-tray-all-sys").run());
+    // GPU0's NUMA Affinity 0,2-9 holds NIC 0000:20 (node 0), not 0000:22 (node 1).
+    let g0 = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!(g0["pathClass"], "SYS");
+    assert_eq!(
+        g0["nics"],
+        json!(["0000:20:00.0", "0000:22:00.0"]),
+        "the seed's rule keeps the whole tie"
+    );
+    assert_eq!(g0["numaLocal"], json!(["0000:20:00.0"]));
+    assert_eq!(
+        r["gpus"][3]["rails"]["rail1"]["numaLocal"],
+        json!(["0000:23:00.0"])
+    );
+
+    // Without a NUMA Affinity column the GPU's own numa_node decides.
+    let dir = tempfile::tempdir().unwrap();
+    let topo = dir.path().join("topo.txt");
+    let mut lines: Vec<String> = text("topo/gb200-tray-all-sys.txt")
+        .lines()
+        .map(|l| l.split('\t').take(12).collect::<Vec<_>>().join("\t"))
+        .collect();
+    lines[0] = lines[0].replace("\tNUMA Affinity", "");
+    fs::write(&topo, lines.join("\n")).unwrap();
+    let case = Case::parse(topo, &text("topo/gb200-tray-all-sys.nics"));
+    let r = record(case.run_with(&[], |t, _| {
+        for i in 0..4u32 {
+            t.pci(
+                &[&fixtures::addr(0x80 + i, 0, 0)],
+                fixtures::NVIDIA,
+                0x2941,
+                fixtures::CLASS_3D,
+                (i / 2) as i32,
+            );
+        }
+    }));
+    assert_eq!(
+        r["gpus"][1]["rails"]["rail0"]["numaLocal"],
+        json!(["0000:20:00.0"])
+    );
+    assert_eq!(
+        r["gpus"][2]["rails"]["rail0"]["numaLocal"],
+        json!(["0000:22:00.0"])
+    );
+
+    // No GPU NUMA at all (a KVM guest): nothing to narrow by, no numaLocal.
+    let r = record(Case::read("kvm-guest-numa-na").run());
+    assert!(
+        r["gpus"][0]["rails"]["rail0"].get("numaLocal").is_none(),
+        "{r}"
+    );
+}
+
+/// A one-GPU dump with three NICs: `classes` gives GPU0's class to each.
+fn three_nic_dump(dir: &Path, classes: [&str; 3]) -> PathBuf {
+    let [a, b, c] = classes;
+    let dump = format!(
+        "\tGPU0\tNIC0\tNIC1\tNIC2\tCPU Affinity\tNUMA Affinity\n\
+         GPU0\t X \t{a}\t{b}\t{c}\t0-7\t0\n\
+         NIC0\t{a}\t X \tSYS\tSYS\n\
+         NIC1\t{b}\tSYS\t X \tSYS\n\
+         NIC2\t{c}\tSYS\tSYS\t X \n\n\
+         NIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n  NIC2: mlx5_2\n"
+    );
+    let p = dir.join(format!("topo-{a}-{b}-{c}.txt"));
+    fs::write(&p, dump).unwrap();
+    p
+}
+
+#[test]
+fn a_down_port_gives_way_to_an_up_port_it_ties_with_and_is_named() {
+    // DGX Spark: two down functions tie with two up ones at NODE.
+    let r = record(Case::read("dgx-spark").run());
+    let rail = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!(rail["nics"], json!(["0000:21:00.0", "0000:23:00.0"]));
+    assert_eq!(rail["down"], json!(["0000:20:00.0", "0000:22:00.0"]));
+
+    let dir = tempfile::tempdir().unwrap();
+    let table = "gpus 1\nnic mlx5_0 0 0 down\nnic mlx5_1 0 0 down\nnic mlx5_2 0 0 up\n";
+    // Every tied port down: they stay the candidates, and say so.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["NODE", "NODE", "SYS"]), table).run());
+    let rail = &r["gpus"][0]["rails"]["rail0"];
+    assert_eq!(
+        (&rail["pathClass"], &rail["nics"]),
+        (&json!("NODE"), &json!(["0000:20:00.0", "0000:21:00.0"]))
+    );
+    assert_eq!(rail["down"], rail["nics"]);
+    // A closer down port keeps the class (the seed's rule); a farther up port does not join it.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["PIX", "NODE", "NODE"]), table).run());
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail0"],
+        json!({"pathClass": "PIX", "nics": ["0000:20:00.0"], "down": ["0000:20:00.0"]})
+    );
+    // Down ports farther than the chosen up port are not mentioned.
+    let r = record(Case::parse(three_nic_dump(dir.path(), ["SYS", "SYS", "PXB"]), table).run());
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail0"],
+        json!({"pathClass": "PXB", "nics": ["0000:22:00.0"]})
+    );
+}
+
+#[test]
+fn a_port_whose_link_cannot_be_read_is_not_called_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = "gpus 1\nnic mlx5_0 0 0 up\nnic mlx5_1 0 0 up\nnic mlx5_2 0 1 up\n";
+    let o = Case::parse(three_nic_dump(dir.path(), ["NODE", "NODE", "SYS"]), table).run_with(
+        &[],
+        |t, _| {
+            // mlx5_1's port state becomes a dangling link: Unverified, not Failed.
+            let state = "devices/pci0000:21/0000:21:00.0/infiniband/mlx5_1/ports/1/state";
+            fs::remove_file(t.root.join(state)).unwrap();
+            t.raw_link(state, "../../../../nonexistent");
+        },
+    );
+    let r = record(o);
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail0"]["nics"],
+        json!(["0000:20:00.0", "0000:21:00.0"])
+    );
+    assert!(r["gpus"][0]["rails"]["rail0"].get("down").is_none(), "{r}");
+}
+
+/// An InfiniBand node: four IB ports (`ibp<bus>s0` on `mlx5_<n>`), two per
+/// NUMA node, 8 GPUs from the gpu8 layout around them, and no lldpd at all.
+fn ib_node(dir: &Path) -> PathBuf {
+    let root = dir.join("sys");
+    let t = fixtures::Tree::new(&root);
+    for i in 0..4u32 {
+        let gpu = fixtures::addr(0x40 * i + 0x11, 0, 0);
+        let nic = fixtures::addr(0x40 * i + 0x12, 0, 0);
+        let rp = fixtures::addr(0x40 * i, 1, 0);
+        t.pci(
+            &[&rp, &fixtures::addr(0x40 * i + 0x10, 0, 0), &gpu],
+            fixtures::NVIDIA,
+            0x2330,
+            fixtures::CLASS_3D,
+            (i / 2) as i32,
+        );
+        let dev = t.pci(
+            &[&rp, &fixtures::addr(0x40 * i + 0x10, 0, 0), &nic],
+            fixtures::MELLANOX,
+            0x1021,
+            fixtures::CLASS_IB,
+            (i / 2) as i32,
+        );
+        t.netdev(&dev, &format!("ibp{}s0", 0x40 * i + 0x12), 4092, true);
+        t.rdma(&dev, &format!("mlx5_{i}"), &[fixtures::UP]);
+    }
+    // A management port whose name also fits a loose regex, on a platform bus.
+    let plat = t.platform_device("mgmt0", 0);
+    t.netdev(&plat, "ibmgmt", 1500, true);
+    root
+}
+
+#[test]
+fn interface_name_source_maps_an_infiniband_node_without_lldp() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = ib_node(dir.path());
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+            .args(["rails", "--sysfs-root"])
+            .arg(&root)
+            .args(["--sysfs-paths"])
+            .args(extra)
+            .env("PATH", "/nonexistent") // no lldpctl: any attempt to run it fails the pass
+            .output()
+            .unwrap()
+    };
+    // By RDMA device name.
+    let by_rdma = ok(run(&[
+        "--rail-source",
+        "interface-name",
+        "--interface-regex",
+        "^mlx5_([0-9]+)$",
+        "--rail-id",
+        "rail$1",
+    ]));
+    let r: Value = serde_json::from_str(&by_rdma).unwrap();
+    assert_eq!(r["railSource"], "interface-name");
+    assert_eq!(r["nics"].as_object().unwrap().len(), 4, "{by_rdma}");
+    assert_eq!(r["nics"]["0000:52:00.0"], json!(["rail1"]));
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail0"],
+        json!({"pathClass": "PIX", "nics": ["0000:12:00.0"]})
+    );
+    // By netdev name, every port on one rail: GPU0 reaches its own NIC at PIX.
+    let r = record(run(&[
+        "--rail-source",
+        "interface-name",
+        "--interface-regex",
+        "^ibp[0-9]+s0$",
+        "--rail-id",
+        "ib",
+    ]));
+    assert_eq!(
+        r["gpus"][0]["rails"]["ib"],
+        json!({"pathClass": "PIX", "nics": ["0000:12:00.0"]})
+    );
+    // The same settings from a values file.
+    let values = dir.path().join("values.yaml");
+    fs::write(&values, "railSource:\n  name: interface-name\n  interfaceName:\n    interfaceRegex: '^mlx5_([0-9]+)$'\n    railID: 'rail$1'\n").unwrap();
+    assert_eq!(
+        ok(run(&["--rails-config", values.to_str().unwrap()])),
+        by_rdma
+    );
+    // A matching port with no PCI device is named; LLDP flags are refused.
+    let o = run(&[
+        "--rail-source",
+        "interface-name",
+        "--interface-regex",
+        "^ib",
+        "--rail-id",
+        "ib",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("port ibmgmt has no PCI device"),
+        "{err}"
+    );
+    let o = run(&[
+        "--rail-source",
+        "interface-name",
+        "--interface-regex",
+        "^mlx5",
+        "--rail-id",
+        "r",
+        "--lldp-json",
+        "x.json",
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .contains("--lldp-json and --lldp-socket are for the host-lldp"));
+    // host-lldp stays the default, and on this node it needs lldpctl.
+    let o = run(&[
+        "--interface-regex",
+        "^mlx5_([0-9]+)$",
+        "--rail-id",
+        "rail$1",
+    ]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("lldpctl"));
+}
+
+// ---- hostile --topo-file inputs -----------------------------------------------
+
+#[test]
+fn topo_file_missing_huge_binary_or_a_folder_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = |topo: PathBuf| Case::parse(topo, "gpus 1\nnic mlx5_0 0 0 up\n");
+    let huge = dir.path().join("huge.txt");
+    let f = fs::File::create(&huge).unwrap();
+    f.set_len(nodefabric::rails::MAX_SAVED_OUTPUT + 1).unwrap(); // sparse: costs no disk
+    let binary = dir.path().join("binary.txt");
+    fs::write(&binary, b"\tGPU0\n\xff\xfe").unwrap();
+    for (path, why) in [
+        (dir.path().join("missing.txt"), "No such file"),
+        (huge, "larger than"),
+        (binary, "not UTF-8"),
+        (dir.path().to_path_buf(), "Is a directory"),
+    ] {
+        let o = case(path.clone()).run();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(&path.display().to_string()) && err.contains(why),
+            "{why}: {err}"
+        );
+    }
+}
+
+#[test]
+fn topo_file_from_a_slow_pipe_reads_the_same_as_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("topo.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let dump = text("topo/dgx-spark.txt");
+    let writer = {
+        let (fifo, dump) = (fifo.clone(), dump.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            for chunk in dump.as_bytes().chunks(7) {
+                f.write_all(chunk).unwrap();
+                f.flush().unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    let table = text("topo/dgx-spark.nics");
+    let piped = ok(Case::parse(fifo, &table).run());
+    writer.join().unwrap();
+    assert_eq!(piped, ok(Case::read("dgx-spark").run()));
+}
+
+#[test]
+fn host_lldp_ports_take_their_link_state_from_the_node_record() {
+    let n = Node::new();
+    // eth_r1_p0 (mlx5_2, 0000:33:00.0) has its neighbour but its RDMA port is down.
+    let port = "devices/pci0000:00/0000:00:03.0/0000:30:00.0/0000:31:01.0/0000:33:00.0/infiniband/mlx5_2/ports/1";
+    fs::write(n.root.join(port).join("state"), "1: DOWN\n").unwrap();
+    fs::write(n.root.join(port).join("phys_state"), "3: Disabled\n").unwrap();
+    let f = flags(&n.lldp(&ALL_RAIL_PORTS));
+    let mut a = args(&f);
+    a.push("--sysfs-paths");
+    let r = record(n.rails(&a));
+    assert_eq!(r["railSource"], "host-lldp");
+    // GPU0 ties rail1's two NICs at NODE; the down one gives way and is named.
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail1"],
+        json!({"pathClass": "NODE", "nics": ["0000:43:00.0"], "down": ["0000:33:00.0"]})
+    );
+    // GPU2 reaches it alone at PIX: still its candidate, marked down.
+    assert_eq!(
+        r["gpus"][2]["rails"]["rail1"],
+        json!({"pathClass": "PIX", "nics": ["0000:33:00.0"], "down": ["0000:33:00.0"]})
+    );
 }

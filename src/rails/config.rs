@@ -10,6 +10,11 @@
 //!   hostLLDP:
 //!     interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'
 //!     railID: 'rail$1'
+//!   # or, on InfiniBand fabrics (no LLDP): every port whose name matches
+//!   # name: interface-name
+//!   # interfaceName:
+//!   #   interfaceRegex: '^mlx5_([0-9]+)$'
+//!   #   railID: 'rail$1'
 //! gpuSource:                                # cluster-side; accepted and not used here
 //!   gpuOperatorNamespace: gpu-operator
 //!   daemonSet: nvidia-device-plugin-daemonset
@@ -45,14 +50,28 @@ fn yes() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RailSource {
-    /// Only `host-lldp` exists.
+    /// `host-lldp` or `interface-name`.
     pub name: String,
     /// The host-lldp settings.
     #[serde(rename = "hostLLDP", default)]
     pub host_lldp: Option<HostLldp>,
+    /// The interface-name settings (the same two keys).
+    #[serde(rename = "interfaceName", default)]
+    pub interface_name: Option<HostLldp>,
 }
 
-/// `railSource.hostLLDP`.
+impl RailSource {
+    /// The port-naming settings of the named source.
+    pub fn ports(&self) -> Option<&HostLldp> {
+        match self.name.as_str() {
+            super::INTERFACE_NAME => self.interface_name.as_ref(),
+            _ => self.host_lldp.as_ref(),
+        }
+    }
+}
+
+/// `railSource.hostLLDP` and `railSource.interfaceName`: which ports are
+/// rail ports and their rail IDs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostLldp {
@@ -79,28 +98,40 @@ pub struct GpuSourceConfig {
 impl RailConfig {
     /// Parses a config file's text; `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<RailConfig> {
-        let value: serde_json::Value =
-            serde_saphyr::from_str(text).with_context(|| format!("{}: not YAML", path.display()))?;
+        let value: serde_json::Value = serde_saphyr::from_str(text)
+            .with_context(|| format!("{}: not YAML", path.display()))?;
         // A whole values file: take the plugin's block.
         let block = match value.pointer("/nodeMetadata/plugins/gpuNicRailMapping") {
             Some(b) => b.clone(),
             None if value.get("nodeMetadata").is_some() => {
-                bail!("{}: nodeMetadata has no plugins.gpuNicRailMapping block", path.display())
+                bail!(
+                    "{}: nodeMetadata has no plugins.gpuNicRailMapping block",
+                    path.display()
+                )
             }
             None => value,
         };
-        let config: RailConfig = serde_json::from_value(block).with_context(|| format!("{}: invalid rail configuration", path.display()))?;
+        let config: RailConfig = serde_json::from_value(block)
+            .with_context(|| format!("{}: invalid rail configuration", path.display()))?;
         match config.rail_source.name.as_str() {
-            super::HOST_LLDP => {}
-            "xplane" => bail!("{}: railSource xplane is not supported (no API gives host PCI identity yet)", path.display()),
-            other => bail!("{}: unknown railSource {other:?} (only host-lldp exists)", path.display()),
+            super::HOST_LLDP | super::INTERFACE_NAME => {}
+            "xplane" => bail!(
+                "{}: railSource xplane is not supported (no API gives host PCI identity yet)",
+                path.display()
+            ),
+            other => bail!(
+                "{}: unknown railSource {other:?} (one of {:?})",
+                path.display(),
+                super::RAIL_SOURCES
+            ),
         }
         Ok(config)
     }
 
     /// Reads and parses a config file.
     pub fn read(path: &Path) -> Result<RailConfig> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         RailConfig::parse(&text, path)
     }
 }

@@ -42,7 +42,10 @@ pub fn interfaces(json: &Value) -> Result<BTreeSet<String>> {
                 } else if map.len() == 1 {
                     out.extend(map.keys().cloned());
                 } else {
-                    bail!("an `interface` list entry has {} keys, expected one interface name", map.len());
+                    bail!(
+                        "an `interface` list entry has {} keys, expected one interface name",
+                        map.len()
+                    );
                 }
             }
         }
@@ -67,11 +70,15 @@ pub fn run_lldpctl(socket: Option<&Path>) -> Result<Value> {
         cmd.arg("-u").arg(s);
     }
     cmd.args(["-f", "json"]);
-    let out = cmd.output().context("running lldpctl (is lldpd's client installed and on PATH?)")?;
+    let out = cmd
+        .output()
+        .context("running lldpctl (is lldpd's client installed and on PATH?)")?;
     if !out.status.success() {
         bail!(
             "lldpctl -f json{} failed ({}): {}",
-            socket.map(|s| format!(" -u {}", s.display())).unwrap_or_default(),
+            socket
+                .map(|s| format!(" -u {}", s.display()))
+                .unwrap_or_default(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

@@ -3,18 +3,21 @@
 //! into a shared ConfigMap keyed by node name.
 //!
 //! Rails come from a rail source (`host-lldp`: interfaces with an LLDP
-//! neighbour, named by a regular expression); GPU-to-NIC path classes come
-//! from `nvidia-smi topo -m` where it is present, and from the node record's
-//! PCIe walk otherwise (and always for non-NVIDIA accelerators).
+//! neighbour; `interface-name`: every port of the node record, for
+//! InfiniBand fabrics where LLDP does not run), named by a regular
+//! expression; GPU-to-NIC path classes come from `nvidia-smi topo -m` where
+//! it is present, and from the node record's PCIe walk otherwise (and always
+//! for non-NVIDIA accelerators).
 
 pub mod config;
 pub mod lldp;
 pub mod node;
 pub mod nvsmi;
 pub mod select;
+pub mod topo;
 
 use crate::pci::{self, Coordinates, Distance};
-use crate::record::NodeRecord;
+use crate::record::{Interface, LinkState, NodeRecord};
 use crate::sysfs::{self, SysRoot};
 use anyhow::{bail, Context, Result};
 use regex::Regex;
@@ -23,13 +26,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
-pub use select::{GpuPaths, SelectError};
+pub use select::{GpuPaths, RailNic, SelectError};
 
 /// The record format's version; bumped on any incompatible change.
 pub const RECORD_VERSION: &str = "rails.nodefabric.gpustack.ai/v1";
 
-/// The only rail source implemented.
+/// The rail source that reads LLDP neighbours (the seed's, and the default).
 pub const HOST_LLDP: &str = "host-lldp";
+
+/// The rail source that takes every port whose name matches, neighbour or
+/// not: InfiniBand ports have no LLDP neighbour.
+pub const INTERFACE_NAME: &str = "interface-name";
+
+/// The rail sources, as `--rail-source` and `railSource.name` spell them.
+pub const RAIL_SOURCES: [&str; 2] = [HOST_LLDP, INTERFACE_NAME];
 
 /// The rail record `nodefabric rails` prints and `publish --rails-file` writes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,7 +51,7 @@ pub struct RailRecord {
     /// with a reused name; empty when not given.
     #[serde(rename = "nodeUID")]
     pub node_uid: String,
-    /// The rail source's name (`host-lldp`).
+    /// The rail source's name ([`HOST_LLDP`] or [`INTERFACE_NAME`]).
     pub rail_source: String,
     /// NIC PCI address → the rails it is on.
     pub nics: BTreeMap<String, Vec<String>>,
@@ -71,8 +81,17 @@ pub struct GpuRails {
 pub struct RailChoice {
     /// The closest class found.
     pub path_class: Distance,
-    /// Every NIC at that class, sorted by PCI address.
+    /// Every NIC at that class, sorted by PCI address; the down ones only
+    /// when no up NIC is at that class.
     pub nics: Vec<String>,
+    /// Those of `nics` on the GPU's NUMA node(s), when `nics` spans NUMA
+    /// nodes and only some are local (Grace trays, where every path is SYS).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub numa_local: Vec<String>,
+    /// The rail's NICs at the closest class whose RDMA link is down (no port
+    /// `ACTIVE`/`LinkUp`), sorted; they are in `nics` only when no up NIC ties.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub down: Vec<String>,
 }
 
 /// Where a GPU's path classes came from.
@@ -119,12 +138,33 @@ pub enum NvidiaInput {
     Sysfs,
 }
 
+/// Which rail source finds the rail ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RailInput {
+    /// `host-lldp`: interfaces with an LLDP neighbour, from this input.
+    HostLldp(LldpInput),
+    /// `interface-name`: every port of the node record whose netdev or RDMA
+    /// device name matches, no neighbour needed.
+    InterfaceName,
+}
+
+impl RailInput {
+    /// The source's name as the record spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RailInput::HostLldp(_) => HOST_LLDP,
+            RailInput::InterfaceName => INTERFACE_NAME,
+        }
+    }
+}
+
 /// Everything a rail pass needs besides the node record.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The LLDP input.
-    pub lldp: LldpInput,
-    /// Rail interfaces; capture groups feed the template.
+    /// The rail source.
+    pub source: RailInput,
+    /// Rail ports (interface names; with `interface-name` also RDMA device
+    /// names); capture groups feed the template.
     pub interface_regex: Regex,
     /// The rail ID template, `$1`-style (`rail$1`).
     pub rail_id: String,
@@ -136,17 +176,26 @@ pub struct Options {
 
 /// Builds the rail record for a node.
 pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<RailRecord> {
-    let lldp_json = match &opts.lldp {
-        LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref())?,
-        LldpInput::File(path) => lldp::read_json(path)?,
+    let nic_rails = match &opts.source {
+        RailInput::HostLldp(input) => {
+            let lldp_json = match input {
+                LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref())?,
+                LldpInput::File(path) => lldp::read_json(path)?,
+            };
+            let ifaces =
+                lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
+            nic_rails(root, record, &ifaces, &opts.interface_regex, &opts.rail_id)?
+        }
+        RailInput::InterfaceName => named_rails(record, &opts.interface_regex, &opts.rail_id)?,
     };
-    let ifaces = lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
-    let nic_rails = nic_rails(root, &ifaces, &opts.interface_regex, &opts.rail_id)?;
     let mut out = RailRecord {
         version: RECORD_VERSION.into(),
         node_uid: opts.node_uid.clone(),
-        rail_source: HOST_LLDP.into(),
-        nics: nic_rails.iter().map(|(k, v)| (k.clone(), v.iter().cloned().collect())).collect(),
+        rail_source: opts.source.name().into(),
+        nics: nic_rails
+            .iter()
+            .map(|(k, v)| (k.clone(), v.rails.iter().cloned().collect()))
+            .collect(),
         gpus: Vec::new(),
     };
     if nic_rails.is_empty() {
@@ -157,32 +206,110 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
     Ok(out)
 }
 
-/// NIC PCI address → rail IDs, for every interface matching `re`.
-pub fn nic_rails(root: &SysRoot, ifaces: &BTreeSet<String>, re: &Regex, template: &str) -> Result<BTreeMap<String, BTreeSet<String>>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+/// NIC PCI address → its rails, NUMA node and link, for every interface
+/// with a neighbour (`ifaces`) matching `re` (the `host-lldp` source).
+pub fn nic_rails(
+    root: &SysRoot,
+    record: &NodeRecord,
+    ifaces: &BTreeSet<String>,
+    re: &Regex,
+    template: &str,
+) -> Result<BTreeMap<String, RailNic>> {
+    // The record's view of each port (NUMA node, link), by netdev name.
+    let endpoints = record.endpoints();
+    let by_name: BTreeMap<&str, (&Interface, Option<&Interface>)> = endpoints
+        .iter()
+        .filter_map(|&(i, p)| Some((i.name.as_deref()?, (i, p))))
+        .collect();
+    let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
     for iface in ifaces {
-        let Some(caps) = re.captures(iface) else { continue };
-        let mut rail = String::new();
-        caps.expand(template, &mut rail);
-        if rail.is_empty() {
-            bail!("interface {iface}: rail template {template:?} expands to an empty rail ID");
-        }
+        let Some(rail) = rail_id(re, template, iface)? else {
+            continue;
+        };
         let pci = device_pci(root, &format!("class/net/{iface}/device"))
             .with_context(|| format!("rail {rail}: interface {iface} has no PCI device"))?;
-        out.entry(pci).or_default().insert(rail);
+        add_port(&mut out, pci, rail, by_name.get(iface.as_str()).copied());
     }
     Ok(out)
 }
 
+/// The same map for every top-level port of the record whose netdev name,
+/// else RDMA device name, matches `re` (the `interface-name` source).
+pub fn named_rails(
+    record: &NodeRecord,
+    re: &Regex,
+    template: &str,
+) -> Result<BTreeMap<String, RailNic>> {
+    let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
+    for iface in &record.spec.interfaces {
+        let mut rail = None;
+        for name in [&iface.name, &iface.rdma_device].into_iter().flatten() {
+            if let Some(r) = rail_id(re, template, name)? {
+                rail = Some((name, r));
+                break;
+            }
+        }
+        let Some((name, rail)) = rail else { continue };
+        let Some(pci) = iface.pci_bus_id.clone() else {
+            bail!(
+                "rail {rail}: port {name} has no PCI device (bus {})",
+                iface.bus
+            );
+        };
+        add_port(&mut out, pci, rail, Some((iface, None)));
+    }
+    Ok(out)
+}
+
+/// The rail ID `template` expands to for `name`, `None` when `re` does not match.
+fn rail_id(re: &Regex, template: &str, name: &str) -> Result<Option<String>> {
+    let Some(caps) = re.captures(name) else {
+        return Ok(None);
+    };
+    let mut rail = String::new();
+    caps.expand(template, &mut rail);
+    if rail.is_empty() {
+        bail!("interface {name}: rail template {template:?} expands to an empty rail ID");
+    }
+    Ok(Some(rail))
+}
+
+/// Records one rail port. Its NUMA node and link state come from the node
+/// record; a port the record lacks, or whose link is unverified, counts as up
+/// (an unreadable port is never an answer of "down").
+fn add_port(
+    out: &mut BTreeMap<String, RailNic>,
+    pci: String,
+    rail: String,
+    port: Option<(&Interface, Option<&Interface>)>,
+) {
+    let nic = out.entry(pci).or_default();
+    nic.rails.insert(rail);
+    if let Some((iface, parent)) = port {
+        nic.numa = iface.effective_numa(parent);
+        nic.down |= iface
+            .link
+            .as_ref()
+            .is_some_and(|l| l.state == LinkState::Failed);
+    }
+}
+
 /// The normalised PCI address a sysfs `device` link points at.
 fn device_pci(root: &SysRoot, link: &str) -> Result<String> {
-    let target = root.resolve(link).with_context(|| format!("resolving {link}"))?;
+    let target = root
+        .resolve(link)
+        .with_context(|| format!("resolving {link}"))?;
     let name = sysfs::basename(&target);
     pci::normalize(name).with_context(|| format!("{link} points at {target}, not a PCI device"))
 }
 
 /// Every GPU's paths to NICs, from nvidia-smi where present and the PCIe walk otherwise.
-fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, BTreeSet<String>>, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
+fn gpu_paths(
+    root: &SysRoot,
+    record: &NodeRecord,
+    nic_rails: &BTreeMap<String, RailNic>,
+    input: &NvidiaInput,
+) -> Result<Vec<GpuPaths>> {
     let smi = nvidia_smi_view(root, record, input)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
@@ -190,7 +317,12 @@ fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, B
     let endpoints = record.endpoints();
     let nic_coords: BTreeMap<&str, Coordinates> = endpoints
         .iter()
-        .filter_map(|(ep, parent)| ep.pci_bus_id.as_deref().filter(|a| nic_rails.contains_key(*a)).map(|a| (a, ep.coordinates(*parent))))
+        .filter_map(|(ep, parent)| {
+            ep.pci_bus_id
+                .as_deref()
+                .filter(|a| nic_rails.contains_key(*a))
+                .map(|a| (a, ep.coordinates(*parent)))
+        })
         .collect();
     for acc in record.accelerators() {
         if covered.contains(&acc.pci_bus_id) {
@@ -198,22 +330,36 @@ fn gpu_paths(root: &SysRoot, record: &NodeRecord, nic_rails: &BTreeMap<String, B
         }
         let mut paths = BTreeMap::new();
         for nic in nic_rails.keys() {
-            let class = nic_coords.get(nic.as_str()).map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
+            let class = nic_coords
+                .get(nic.as_str())
+                .map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
             paths.insert(nic.clone(), class.as_str().to_string());
         }
-        out.push(GpuPaths { pci_bus_id: acc.pci_bus_id.clone(), uuid: None, source: GpuSource::Sysfs, paths });
+        let numa = acc.numa.map(topo::NodeList::single);
+        out.push(GpuPaths {
+            pci_bus_id: acc.pci_bus_id.clone(),
+            uuid: None,
+            source: GpuSource::Sysfs,
+            paths,
+            numa,
+        });
     }
     Ok(out)
 }
 
 /// The GPUs nvidia-smi reports, with paths keyed by NIC PCI address; empty
 /// when nvidia-smi is not used or not installed.
-fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> Result<Vec<GpuPaths>> {
-    let (query, topo) = match input {
+fn nvidia_smi_view(
+    root: &SysRoot,
+    record: &NodeRecord,
+    input: &NvidiaInput,
+) -> Result<Vec<GpuPaths>> {
+    let (query, topo, origins) = match input {
         NvidiaInput::Sysfs => return Ok(Vec::new()),
         NvidiaInput::Files { query, topo } => (
-            std::fs::read_to_string(query).with_context(|| format!("reading {}", query.display()))?,
-            std::fs::read_to_string(topo).with_context(|| format!("reading {}", topo.display()))?,
+            read_text(query)?,
+            read_text(topo)?,
+            (query.display().to_string(), topo.display().to_string()),
         ),
         NvidiaInput::Command(bin) => {
             let has_nvidia = record.accelerators().any(|a| a.manufacturer == "nvidia");
@@ -221,22 +367,36 @@ fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> 
                 return Ok(Vec::new());
             }
             let bin = bin.clone().unwrap_or_else(|| PathBuf::from("nvidia-smi"));
-            let Some(query) = run_nvidia_smi(&bin, &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"])? else {
-                tracing::info!("{} not found: GPU paths come from the PCIe walk", bin.display());
+            let Some(query) = run_nvidia_smi(
+                &bin,
+                &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"],
+            )?
+            else {
+                tracing::info!(
+                    "{} not found: GPU paths come from the PCIe walk",
+                    bin.display()
+                );
                 return Ok(Vec::new());
             };
             let topo = run_nvidia_smi(&bin, &["topo", "-m"])?.unwrap_or_default();
-            (query, topo)
+            let name = bin.display();
+            (
+                query,
+                topo,
+                (format!("{name} --query-gpu"), format!("{name} topo -m")),
+            )
         }
     };
-    let ids = nvsmi::parse_query(&query)?;
-    let topo = nvsmi::parse_topo(&topo)?;
+    let ids = nvsmi::parse_query(&query, &origins.0)?;
+    let topo = topo::parse_topo(&topo, &origins.1)?;
     let mut out = Vec::new();
     for id in ids {
-        let row = topo
-            .gpu_to_nic
-            .get(&id.index)
-            .with_context(|| format!("GPU{} ({}) is in --query-gpu but has no row in topo -m", id.index, id.pci_bus_id))?;
+        let row = topo.gpu_to_nic.get(&id.index).with_context(|| {
+            format!(
+                "GPU{} ({}) is in --query-gpu but has no row in topo -m",
+                id.index, id.pci_bus_id
+            )
+        })?;
         let mut paths = BTreeMap::new();
         for (nic, class) in row {
             // A NIC alias that does not resolve is on no discovered rail either: ignored.
@@ -244,9 +404,51 @@ fn nvidia_smi_view(root: &SysRoot, record: &NodeRecord, input: &NvidiaInput) -> 
                 paths.insert(pci, class.clone());
             }
         }
-        out.push(GpuPaths { pci_bus_id: id.pci_bus_id, uuid: Some(id.uuid), source: GpuSource::NvidiaSmi, paths });
+        // topo -m's NUMA Affinity, else the kernel's numa_node for the GPU.
+        let numa = topo.gpu_numa.get(&id.index).cloned().or_else(|| {
+            let acc = record
+                .accelerators()
+                .find(|a| a.pci_bus_id == id.pci_bus_id)?;
+            acc.numa.map(topo::NodeList::single)
+        });
+        out.push(GpuPaths {
+            pci_bus_id: id.pci_bus_id,
+            uuid: Some(id.uuid),
+            source: GpuSource::NvidiaSmi,
+            paths,
+            numa,
+        });
     }
     Ok(out)
+}
+
+/// The most a saved nvidia-smi output may hold: a 64-GPU, 64-NIC matrix is
+/// under 64 KiB, so anything near this is not one.
+pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
+
+/// Reads a saved nvidia-smi output (a file or a pipe), refusing one over
+/// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
+fn read_text(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SAVED_OUTPUT + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if bytes.len() as u64 > MAX_SAVED_OUTPUT {
+        bail!(
+            "{}: larger than {} bytes, not an nvidia-smi output",
+            path.display(),
+            MAX_SAVED_OUTPUT
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Runs nvidia-smi; `Ok(None)` when the binary does not exist.
