@@ -189,6 +189,19 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
         }
     }
     check_count(announced, sections)?;
+    // A dump cut short can still hold every GPU heading; what it loses is the
+    // end of the last sections. nvidia-smi ends every line, and closes every
+    // Fabric block with the section's next field, and prints the block for
+    // every GPU or for none.
+    if !text.ends_with('\n') {
+        return Err(ParseError::Input("the last line has no newline: truncated".into()));
+    }
+    if in_fabric.is_some() {
+        return Err(ParseError::Input("it ends inside a Fabric block: truncated".into()));
+    }
+    if !out.is_empty() && out.len() != sections {
+        return Err(ParseError::Input(format!("{} of {sections} GPU sections have a Fabric block: truncated or spliced", out.len())));
+    }
     Ok(out)
 }
 
