@@ -30,5 +30,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;
+    // The CRI runtime API, client side only: the containerd end-to-end test
+    // talks to containerd as kubelet does. Only that test includes it.
+    let cri = "proto/cri_runtime_v1.proto";
+    println!("cargo:rerun-if-changed={cri}");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .compile_fds(protox::compile([cri], ["proto"])?)?;
     Ok(())
 }

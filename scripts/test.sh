@@ -13,6 +13,18 @@ command -v runc >/dev/null || need+=(runc)
 # the rail-source test runs a real lldpd in network namespaces joined by veths
 command -v lldpd >/dev/null || need+=(lldpd)
 command -v ip >/dev/null || need+=(iproute2)
+# the CRI end-to-end test drives a real containerd with CDI, which needs 1.7;
+# Debian 12 ships 1.6, so containerd alone comes from Debian 13, pinned so
+# that no other package is taken from there
+if ! containerd --version 2>/dev/null | grep -qE ' v?(1\.([7-9]|[1-9][0-9])|[2-9])\.'; then
+  need+=(containerd)
+  if [ "$(id -u)" = 0 ] && [ ! -e /etc/apt/sources.list.d/nodefabric-trixie.sources ]; then
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      > /etc/apt/sources.list.d/nodefabric-trixie.sources
+    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n\nPackage: containerd\nPin: release n=trixie\nPin-Priority: 990\n' \
+      > /etc/apt/preferences.d/nodefabric-trixie
+  fi
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${need[*]}" >&2
