@@ -28,10 +28,15 @@ use std::path::{Path, PathBuf};
 /// The archive's top folder; replay reads the tree under it.
 pub const TOP: &str = "sysfs";
 
-/// Packs the recorded entries into gzip-compressed tar bytes. Entries are
-/// sorted with their parent folders first, and every header carries fixed
-/// owner, mode and time, so the same tree gives the same bytes.
-pub fn pack(recorded: &Recorded) -> Result<Vec<u8>> {
+/// The archive's folder for the vendor answers the pass used
+/// ([`crate::fabric::answers`]), beside the tree.
+pub const VENDOR: &str = "vendor";
+
+/// Packs the recorded entries, and the vendor answers the pass used, into
+/// gzip-compressed tar bytes. Entries are sorted with their parent folders
+/// first, and every header carries fixed owner, mode and time, so the same
+/// tree gives the same bytes.
+pub fn pack(recorded: &Recorded, answers: &crate::fabric::answers::Answers) -> Result<Vec<u8>> {
     // Every ancestor of an entry must exist as a folder on replay.
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     for (path, entry) in recorded {
@@ -81,6 +86,12 @@ pub fn pack(recorded: &Recorded) -> Result<Vec<u8>> {
             }
         }
     }
+    let vendor = answers.to_bytes();
+    let mut h = header(tar::EntryType::Directory, 0o755, 0);
+    tar.append_data(&mut h, VENDOR, std::io::empty())?;
+    let mut h = header(tar::EntryType::Regular, 0o444, vendor.len() as u64);
+    let name = format!("{VENDOR}/{}", crate::fabric::answers::FILE);
+    tar.append_data(&mut h, &name, vendor.as_slice())?;
     let gz = tar.into_inner()?;
     Ok(gz.finish()?)
 }

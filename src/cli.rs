@@ -69,6 +69,11 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+
+    /// The vendor answers of a replayed capture (never a flag: set when
+    /// `--sysfs-root` is an archive holding them).
+    #[arg(skip)]
+    pub replayed_answers: Option<fabric::answers::Answers>,
 }
 
 /// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
@@ -405,7 +410,16 @@ impl Cli {
             (None, None, Some(lib)) => fabric::NvidiaSource::Nvml(lib.clone()),
             (None, None, None) => fabric::NvidiaSource::Auto,
         };
-        fabric::Sources { nvidia, ascend: self.ascend_fabric.clone(), timeout: self.tool_timeout }
+        // A replayed capture answers with what the captured pass used, unless
+        // a fabric input is named on the command line.
+        let named = self.nvidia_smi.is_some() || self.nvidia_smi_q.is_some() || self.nvml_lib.is_some() || self.ascend_fabric.is_some();
+        fabric::Sources {
+            nvidia,
+            ascend: self.ascend_fabric.clone(),
+            timeout: self.tool_timeout,
+            replay: if named { None } else { self.replayed_answers.clone() },
+            recorder: None,
+        }
     }
 }
 
@@ -426,7 +440,8 @@ fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
     let limits = crate::capture::Limits { max_entries: cli.replay_max_entries, max_bytes: cli.replay_max_bytes };
     // Lives until the command is done; dropping it removes the folder.
     let replay = crate::capture::unpack(&cli.sysfs_root, &limits)?;
-    execute(&Cli { sysfs_root: replay.tree(), ..cli.clone() })
+    let answers = replay.answers().map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
+    execute(&Cli { sysfs_root: replay.tree(), replayed_answers: answers, ..cli.clone() })
 }
 
 fn execute(cli: &Cli) -> Result<ExitCode> {
@@ -526,10 +541,13 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
 fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
     let root = crate::sysfs::SysRoot::recording(&cli.sysfs_root)
         .with_context(|| format!("opening sysfs tree {}", cli.sysfs_root.display()))?;
-    pass::run_on(&root, None, pass::now()?, Some(&cli.fabric_sources()))
+    let recorder = fabric::answers::Recorder::default();
+    let sources = fabric::Sources { recorder: Some(recorder.clone()), ..cli.fabric_sources() };
+    pass::run_on(&root, None, pass::now()?, Some(&sources))
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
     let recorded = root.recorded();
-    let bytes = crate::capture::pack(&recorded)?;
+    let answers = recorder.lock().expect("recorder lock").clone();
+    let bytes = crate::capture::pack(&recorded, &answers)?;
     if args.out.as_os_str() == "-" {
         emit(bytes)?;
         return Ok(());

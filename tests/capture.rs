@@ -212,7 +212,7 @@ fn dot_dot_and_absolute_entry_names_are_refused() {
     assert!(err.contains(&aim) && err.contains("not a plain relative path"), "{err}");
     assert!(!dir.path().join("escaped").exists());
     let err = refused(top().file("elsewhere/file", "x").finish(), &[]);
-    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the folders a capture holds (sysfs/)"), "{err}");
+    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the folders a capture holds (sysfs/, vendor/)"), "{err}");
 }
 
 #[test]
@@ -398,4 +398,56 @@ fn sigint_during_a_slow_replay_leaves_no_replay_folder() {
 #[test]
 fn sighup_during_a_slow_replay_leaves_no_replay_folder() {
     signal_during_a_slow_replay(libc::SIGHUP);
+}
+
+// Vendor answers: a capture stores what the pass asked nvidia-smi (or NVML,
+// or the Ascend file), so its replay reproduces the fabric labels on a
+// machine with no GPU and no vendor tool.
+
+#[test]
+fn a_replay_reproduces_the_fabric_labels_from_the_captured_vendor_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    fixtures::gpu8_switch_paired(&root);
+    let q = tmp.path().join("q.txt");
+    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "3", "5b0e1122-3344-5566-7788-99aabbccddef"))).unwrap();
+    let live = nodefabric(&root, &["features", "--nvidia-smi-q", q.to_str().unwrap()]);
+    let live = String::from_utf8(live.stdout).unwrap();
+    assert!(live.contains("fabric.domain=nvlink-5b0e112233445566778899aabbccddef-3"), "{live}");
+    let archive = tmp.path().join("node.tar.gz");
+    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap(), "--nvidia-smi-q", q.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(members(&archive).contains("vendor/fabric.json"), "{:?}", members(&archive));
+    fs::remove_file(&q).unwrap();
+    // No vendor input at all on replay: the captured answer speaks.
+    let replayed = nodefabric(&archive, &["features"]);
+    assert_eq!(String::from_utf8(replayed.stdout).unwrap(), live);
+    // A fabric input named on the command line wins over the captured one.
+    let o = nodefabric(&archive, &["features", "--nvidia-smi", "/nonexistent/nvidia-smi"]);
+    assert!(!String::from_utf8(o.stdout).unwrap().contains("fabric.domain"));
+}
+
+#[test]
+fn a_captured_unreadable_answer_replays_as_the_same_note() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    fixtures::gpu8_switch_paired(&root);
+    let archive = tmp.path().join("node.tar.gz");
+    let args = ["--nvidia-smi", "/opt/vendor/bin/nvidia-smi"];
+    let live = nodefabric(&root, &[&["preflight"][..], &args].concat());
+    let o = nodefabric(&root, &[&["capture", "--out", archive.to_str().unwrap()][..], &args].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let replayed = nodefabric(&archive, &["preflight"]);
+    let live = String::from_utf8(live.stdout).unwrap();
+    assert!(live.contains("/opt/vendor/bin/nvidia-smi -q"), "{live}");
+    assert_eq!(String::from_utf8(replayed.stdout).unwrap(), live);
+}
+
+#[test]
+fn a_vendor_answer_file_that_is_not_one_is_refused() {
+    let a = top().dir("vendor/").file("vendor/fabric.json", "{\"nvidia\": 7}").finish();
+    let err = refused(a, &[]);
+    assert!(err.contains("vendor/fabric.json"), "{err}");
+    let err = refused(top().dir("vendor/").file("vendor/other.txt", "x").file("vendor/fabric.json", "{\"surprise\": {}}").finish(), &[]);
+    assert!(err.contains("vendor/fabric.json") && err.contains("surprise"), "{err}");
 }

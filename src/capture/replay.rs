@@ -10,7 +10,7 @@ use super::cleanup::Folder;
 use super::errors::{Fault, ReplayError};
 use super::limits::{Limits, MAX_HEADER_BYTES};
 use super::links::{self, LinkFault};
-use super::TOP;
+use super::{TOP, VENDOR};
 use flate2::read::GzDecoder;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ use std::rc::Rc;
 
 /// The top folders a capture may hold; any other name is refused. Each must
 /// be a folder, so that no top name can be a link to the host's own tree.
-pub(crate) const TOPS: &[&str] = &[TOP];
+pub(crate) const TOPS: &[&str] = &[TOP, VENDOR];
 
 /// An unpacked capture: the tree to read, and the folder that holds it,
 /// removed when this is dropped (or when SIGINT/SIGTERM ends the process).
@@ -35,6 +35,22 @@ impl Replay {
     /// The replayed sysfs tree (the archive's `sysfs/` folder).
     pub fn tree(&self) -> PathBuf {
         self.folder.path().join(TOP)
+    }
+
+    /// The vendor answers the captured pass used; `Ok(None)` for an archive
+    /// from before captures held them, an error for a file that is not one.
+    pub fn answers(&self) -> Result<Option<crate::fabric::answers::Answers>, String> {
+        let path = self.folder.path().join(VENDOR).join(crate::fabric::answers::FILE);
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("vendor/{}: {e}", crate::fabric::answers::FILE)),
+            // Unpack wrote only folders, files and checked links; a link here
+            // is still not an answer.
+            Ok(m) if !m.is_file() => return Err(format!("vendor/{}: not a regular file", crate::fabric::answers::FILE)),
+            Ok(_) => {}
+        }
+        let bytes = fs::read(&path).map_err(|e| format!("vendor/{}: {e}", crate::fabric::answers::FILE))?;
+        crate::fabric::answers::Answers::from_bytes(&bytes).map(Some)
     }
 }
 

@@ -27,7 +27,7 @@ struct Input {
 }
 
 /// One NPU's super-pod answer.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Answer {
     /// The NPU's PCI address.
@@ -48,7 +48,7 @@ pub struct Answer {
 }
 
 /// The super-pod shapes the driver reports.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, PartialEq, Eq)]
 pub enum Shape {
     /// A one-dimensional pod.
     #[serde(rename = "pod-1d")]

@@ -6,6 +6,7 @@
 //! driver's super-pod answer (read from a JSON file); Cambricon reports no
 //! domain identity at all, so none is recorded.
 
+pub mod answers;
 pub mod ascend;
 pub mod nvidia;
 pub mod nvml;
@@ -42,11 +43,46 @@ pub struct Sources {
     pub ascend: Option<PathBuf>,
     /// How long a vendor tool may run before its answer counts as unreadable.
     pub timeout: Duration,
+    /// A capture's recorded answers: used instead of asking anyone, for a
+    /// replay that reproduces the captured node.
+    pub replay: Option<answers::Answers>,
+    /// Notes every answer this pass uses, for `capture`.
+    pub recorder: Option<answers::Recorder>,
 }
 
 impl Default for Sources {
     fn default() -> Self {
-        Sources { nvidia: NvidiaSource::default(), ascend: None, timeout: crate::tool::DEFAULT_TIMEOUT }
+        Sources { nvidia: NvidiaSource::default(), ascend: None, timeout: crate::tool::DEFAULT_TIMEOUT, replay: None, recorder: None }
+    }
+}
+
+impl Sources {
+    /// NVIDIA's answer: the replayed one, or a fresh read; noted for capture.
+    fn nvidia_answer(&self) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
+        let answer = match &self.replay {
+            Some(r) => r.nvidia.as_ref().map_or_else(|| Err("the capture holds no NVIDIA answer".to_string()), |a| a.to_result()),
+            None => nvidia_blocks(self),
+        };
+        if let Some(rec) = &self.recorder {
+            rec.lock().expect("recorder lock").nvidia = Some(answers::Answer::from_result(&answer));
+        }
+        answer
+    }
+
+    /// Ascend's super-pod answers: the replayed ones, or the file's; noted
+    /// for capture. `None` when no Ascend input was given (nothing to read).
+    fn ascend_answers(&self) -> Option<Result<BTreeMap<String, ascend::Answer>, String>> {
+        let answer = match (&self.replay, &self.ascend) {
+            (Some(r), _) => r.ascend.as_ref().map(|a| a.to_result()),
+            (None, Some(f)) => Some(
+                read_capped(f).and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
+            ),
+            (None, None) => None,
+        };
+        if let (Some(rec), Some(a)) = (&self.recorder, &answer) {
+            rec.lock().expect("recorder lock").ascend = Some(answers::Answer::from_result(a));
+        }
+        answer
     }
 }
 
@@ -96,7 +132,7 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
     for group in &mut record.spec.groups {
         match group.manufacturer.as_str() {
             "nvidia" => {
-                let blocks = match nvidia_blocks(sources) {
+                let blocks = match sources.nvidia_answer() {
                     Ok(b) => b,
                     Err(e) => {
                         keep_previous(&mut group.accelerators, "NVIDIA", &e, previous);
@@ -128,16 +164,14 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                 }
             }
             "ascend" => {
-                let answers = match &sources.ascend {
+                let answers = match sources.ascend_answers() {
                     None => Err("no --ascend-fabric input given".to_string()),
-                    Some(f) => std::fs::read_to_string(f)
-                        .map_err(|e| format!("{}: {e}", f.display()))
-                        .and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
+                    Some(Err(e)) => {
+                        keep_previous(&mut group.accelerators, "Ascend", &e, previous);
+                        continue;
+                    }
+                    Some(Ok(map)) => Ok(map),
                 };
-                if let (Err(e), Some(_)) = (&answers, &sources.ascend) {
-                    keep_previous(&mut group.accelerators, "Ascend", e, previous);
-                    continue;
-                }
                 for acc in &mut group.accelerators {
                     match &answers {
                         Ok(map) => match map.get(&acc.pci_bus_id) {

@@ -26,7 +26,8 @@ use crate::record::Fabric;
 use std::collections::BTreeMap;
 
 /// One GPU's Fabric block, as printed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FabricInfo {
     /// `State` (`Completed`, `In Progress`, `Not Started`, `Not Supported`, `N/A`).
     pub state: Option<String>,
