@@ -7,7 +7,7 @@
 //! live `/sys`, and what stops a hostile link in a captured tree from making us
 //! read `/etc/shadow`. One attribute read is capped at [`MAX_ATTR_BYTES`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -79,6 +79,10 @@ pub struct SysRoot {
     root: PathBuf,
     /// When capturing, every entry a read touched (see [`SysRoot::recording`]).
     recorder: Option<Arc<Mutex<Recorded>>>,
+    /// Folders already resolved, by the path they were asked for: one pass
+    /// reads many attributes of each device folder, and re-walking the whole
+    /// symlink chain for each (`fs::canonicalize`) was most of its cost.
+    folders: Arc<Mutex<HashMap<String, PathBuf>>>,
 }
 
 /// One entry of the tree as a read saw it, keyed by its path under the root.
@@ -107,7 +111,7 @@ impl SysRoot {
             path: root.display().to_string(),
             cause,
         })?;
-        Ok(SysRoot { root: canonical, recorder: None })
+        Ok(SysRoot { root: canonical, recorder: None, folders: Arc::default() })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -208,7 +212,88 @@ impl SysRoot {
     fn resolve_abs(&self, rel: &str) -> Result<PathBuf, SysError> {
         if self.recording_on() {
             self.note_chain(rel);
+            return self.resolve_walk(rel);
         }
+        self.resolve_cached(rel)
+    }
+
+    /// Resolves `rel` from its parent folder's cached resolution: a plain
+    /// entry under a canonical folder inside the root is itself canonical and
+    /// inside the root, so it costs one `lstat`; only a link (or `.`/`..`)
+    /// takes the full walk. Errors are the full walk's, naming `rel`.
+    fn resolve_cached(&self, rel: &str) -> Result<PathBuf, SysError> {
+        match self.resolve_hops(rel, 0) {
+            Ok(p) => Ok(p),
+            // The last name is simply not in its (resolved) folder: the
+            // kernel has no such attribute. Nothing on the way can dangle.
+            Err(Some(cause)) => Err(SysError::Io { path: rel.to_string(), cause }),
+            Err(None) => self.resolve_walk(rel),
+        }
+    }
+
+    /// [`Self::resolve_cached`]'s work: `Err(None)` sends the caller to the
+    /// full walk, which then gives the error in its own words; `Err(Some(e))`
+    /// is `rel`'s own last name missing from a folder that resolved. A link is
+    /// followed by reading its text once and resolving the target the same
+    /// way (sysfs links are relative, climbing with leading `..` only), at
+    /// most 40 hops deep as the kernel allows.
+    fn resolve_hops(&self, rel: &str, hops: u32) -> Result<PathBuf, Option<std::io::Error>> {
+        let rel_t = rel.trim_start_matches('/');
+        let (parent, name) = match rel_t.rsplit_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, rel_t),
+        };
+        if hops > 40 || name.is_empty() || name == "." || name == ".." || parent.is_some_and(|p| p.is_empty()) {
+            return Err(None);
+        }
+        let dir = match parent {
+            None => self.root.clone(),
+            Some(p) => {
+                let hit = self.folders.lock().expect("folder cache lock").get(p).cloned();
+                match hit {
+                    Some(d) => d,
+                    None => {
+                        let d = self.resolve_hops(p, hops).map_err(|_| None)?;
+                        self.folders.lock().expect("folder cache lock").insert(p.to_string(), d.clone());
+                        d
+                    }
+                }
+            }
+        };
+        let candidate = dir.join(name);
+        let meta = match fs::symlink_metadata(&candidate) {
+            Ok(m) => m,
+            Err(e) if hops == 0 && e.kind() == std::io::ErrorKind::NotFound => return Err(Some(e)),
+            Err(_) => return Err(None),
+        };
+        if !meta.file_type().is_symlink() {
+            return Ok(candidate);
+        }
+        let text = fs::read_link(&candidate).map_err(|_| None)?;
+        let mut base = dir;
+        let mut rest = Vec::new();
+        for c in text.components() {
+            match c {
+                Component::ParentDir if rest.is_empty() => {
+                    // Climbing above the root is an escape: the walk names it.
+                    if base == self.root || !base.pop() {
+                        return Err(None);
+                    }
+                }
+                Component::Normal(n) => rest.push(n.to_str().ok_or(None)?),
+                // Absolute targets, `.` and `..` after a name: the full walk.
+                _ => return Err(None),
+            }
+        }
+        let base = base.strip_prefix(&self.root).map_err(|_| None)?;
+        let target = base.join(rest.join("/"));
+        // A target that does not resolve is a dangling link: the walk says so.
+        self.resolve_hops(target.to_str().ok_or(None)?, hops + 1).map_err(|_| None)
+    }
+
+    /// Resolves `rel` by walking its whole symlink chain, then checks that
+    /// it lands inside the root.
+    fn resolve_walk(&self, rel: &str) -> Result<PathBuf, SysError> {
         let joined = self.root.join(rel.trim_start_matches('/'));
         let target = fs::canonicalize(&joined).map_err(|cause| {
             if cause.kind() == std::io::ErrorKind::NotFound && self.dangles(&joined) {
