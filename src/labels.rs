@@ -5,7 +5,7 @@
 //! consumer needing per-interface truth reads the record.
 
 use crate::pci::{self, Distance};
-use crate::record::{Interface, LinkState, NodeRecord};
+use crate::record::{Fabric, Interface, LinkState, NodeRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The default label namespace (the key prefix before `/`).
@@ -116,6 +116,55 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
             }
             Err(e) => set.withheld.push(format!("rdma.numa: {e}")),
         }
+    }
+    set
+}
+
+/// The domain value of one fabric: `<kind>-<id>` or `<kind>-<id>-<clique>`.
+fn domain(f: &Fabric) -> Option<String> {
+    let id = f.id.as_deref()?;
+    Some(match &f.clique_id {
+        Some(c) => format!("{}-{id}-{c}", f.kind),
+        None => format!("{}-{id}", f.kind),
+    })
+}
+
+/// Reduces the whole node to `fabric.domain` and `fabric.members`: each only
+/// when every accelerator agrees (and, for members, on a nonzero count).
+pub fn fabric_labels(record: &NodeRecord) -> LabelSet {
+    let mut set = LabelSet::default();
+    let accs: Vec<_> = record.accelerators().collect();
+    if accs.is_empty() {
+        set.withheld.push("fabric.domain: the node has no accelerator".into());
+        set.withheld.push("fabric.members: the node has no accelerator".into());
+        return set;
+    }
+    let domains: Vec<Option<String>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(domain)).collect();
+    match domains.iter().position(Option::is_none) {
+        Some(i) => set.withheld.push(format!(
+            "fabric.domain: accelerator {} ({}) reports no domain",
+            accs[i].pci_bus_id,
+            accs[i].fabric_note.as_deref().unwrap_or("no fabric")
+        )),
+        None if domains.windows(2).any(|w| w[0] != w[1]) => {
+            let mut distinct: Vec<&str> = domains.iter().flatten().map(String::as_str).collect();
+            distinct.sort();
+            distinct.dedup();
+            set.withheld.push(format!("fabric.domain: accelerators sit in different domains: {}", distinct.join(", ")));
+        }
+        None => match sanitize_value(domains[0].as_deref().expect("all present")) {
+            Ok(v) => {
+                set.values.insert("fabric.domain".into(), v);
+            }
+            Err(e) => set.withheld.push(format!("fabric.domain: {e}")),
+        },
+    }
+    let counts: Vec<Option<u32>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(|f| f.member_count)).collect();
+    match counts[0] {
+        Some(n) if n > 0 && counts.iter().all(|c| *c == Some(n)) => {
+            set.values.insert("fabric.members".into(), n.to_string());
+        }
+        _ => set.withheld.push("fabric.members: accelerators do not all report one nonzero member count".into()),
     }
     set
 }

@@ -48,7 +48,7 @@ pub fn run_on(root: &SysRoot, state_dir: Option<&Path>, now: SystemTime, fabric:
         fabric::apply(root, &mut record, sources, previous.as_ref());
     }
     let mut labels = labels::rdma_labels(&record);
-    let fabric_labels = fabric::labels(&record);
+    let fabric_labels = labels::fabric_labels(&record);
     labels.values.extend(fabric_labels.values);
     labels.withheld.extend(fabric_labels.withheld);
     Ok(Pass { record, labels })

@@ -26,7 +26,8 @@ mod host;
 #[path = "support/kubelet.rs"]
 mod kubelet;
 
-/// The CRI runtime API subset in `proto/cri_runtime_v1.proto`.
+/// The CRI runtime API subset in `proto/cri_runtime_v1.proto` (generated code).
+#[allow(clippy::all)]
 mod cri {
     include!(concat!(env!("OUT_DIR"), "/runtime.v1.rs"));
 }

@@ -4,7 +4,6 @@
 //! read as "these GPUs have no fabric".
 
 #[path = "support/fixtures.rs"]
-#[allow(dead_code)]
 mod fixtures;
 
 use nodefabric::fabric::nvidia::parse_any;

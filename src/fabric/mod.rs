@@ -1,5 +1,6 @@
-//! Scale-up fabric per accelerator (NVLink, XGMI, Ascend UB), and the
-//! `fabric.domain` / `fabric.members` node labels reduced from it.
+//! Scale-up fabric per accelerator (NVLink, XGMI, Ascend UB): reading it
+//! from the host and the vendor tools. The `fabric.*` labels derived from
+//! it are a pure function of the record, in [`crate::labels`].
 //!
 //! What each manufacturer establishes differs: NVIDIA once the fabric manager
 //! registered the GPU; AMD from the XGMI hive id in sysfs; Ascend from the
@@ -11,7 +12,6 @@ pub mod ascend;
 pub mod nvidia;
 pub mod nvml;
 
-use crate::labels::{sanitize_value, LabelSet};
 use crate::record::{Fabric, NodeRecord};
 use crate::sysfs::SysRoot;
 use std::collections::BTreeMap;
@@ -221,51 +221,3 @@ fn keep_previous(accs: &mut [crate::record::Accelerator], maker: &str, e: &str, 
     }
 }
 
-/// The domain value of one fabric: `<kind>-<id>` or `<kind>-<id>-<clique>`.
-fn domain(f: &Fabric) -> Option<String> {
-    let id = f.id.as_deref()?;
-    Some(match &f.clique_id {
-        Some(c) => format!("{}-{id}-{c}", f.kind),
-        None => format!("{}-{id}", f.kind),
-    })
-}
-
-/// Reduces the whole node to `fabric.domain` and `fabric.members`: each only
-/// when every accelerator agrees (and, for members, on a nonzero count).
-pub fn labels(record: &NodeRecord) -> LabelSet {
-    let mut set = LabelSet::default();
-    let accs: Vec<_> = record.accelerators().collect();
-    if accs.is_empty() {
-        set.withheld.push("fabric.domain: the node has no accelerator".into());
-        set.withheld.push("fabric.members: the node has no accelerator".into());
-        return set;
-    }
-    let domains: Vec<Option<String>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(domain)).collect();
-    match domains.iter().position(Option::is_none) {
-        Some(i) => set.withheld.push(format!(
-            "fabric.domain: accelerator {} ({}) reports no domain",
-            accs[i].pci_bus_id,
-            accs[i].fabric_note.as_deref().unwrap_or("no fabric")
-        )),
-        None if domains.windows(2).any(|w| w[0] != w[1]) => {
-            let mut distinct: Vec<&str> = domains.iter().flatten().map(String::as_str).collect();
-            distinct.sort();
-            distinct.dedup();
-            set.withheld.push(format!("fabric.domain: accelerators sit in different domains: {}", distinct.join(", ")));
-        }
-        None => match sanitize_value(domains[0].as_deref().expect("all present")) {
-            Ok(v) => {
-                set.values.insert("fabric.domain".into(), v);
-            }
-            Err(e) => set.withheld.push(format!("fabric.domain: {e}")),
-        },
-    }
-    let counts: Vec<Option<u32>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(|f| f.member_count)).collect();
-    match counts[0] {
-        Some(n) if n > 0 && counts.iter().all(|c| *c == Some(n)) => {
-            set.values.insert("fabric.members".into(), n.to_string());
-        }
-        _ => set.withheld.push("fabric.members: accelerators do not all report one nonzero member count".into()),
-    }
-    set
-}
