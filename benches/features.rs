@@ -1,6 +1,7 @@
 //! Benchmark: wall time and peak RSS of `nodefabric features` on generated
-//! trees of 8, 64 and 512 RDMA endpoints, beside the floor (a minimal loop that
-//! reads the same files with no checks). Writes `docs/benchmarks.md`'s
+//! trees of 8, 512 and 8192 RDMA endpoints, beside a plain reader: a process
+//! that reads once each link and file a capture of the tree records (what
+//! one pass reads), by path, with no checks. Writes `docs/benchmarks.md`'s
 //! discovery section. Run with `cargo bench --bench features`.
 
 #[path = "../tests/support/fixtures.rs"]
@@ -23,6 +24,7 @@ fn run_once(root: &Path) -> (Duration, i64) {
     let child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
         .args(["features", "--sysfs-root", root.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut status = 0;
@@ -34,49 +36,55 @@ fn run_once(root: &Path) -> (Duration, i64) {
     (start.elapsed(), usage.ru_maxrss)
 }
 
-/// The floor: read every attribute discovery reads, in the simplest loop.
-fn floor(root: &Path) -> usize {
-    let mut bytes = 0;
-    let mut read = |p: &Path| bytes += fs::read(p).map(|b| b.len()).unwrap_or(0);
-    let mut devices = Vec::new();
-    for e in fs::read_dir(root.join("class/net")).unwrap() {
-        let net = fs::canonicalize(e.unwrap().path()).unwrap();
-        for a in ["mtu", "operstate", "flags"] {
-            read(&net.join(a));
-        }
-        if let Ok(dev) = fs::canonicalize(net.join("device")) {
-            devices.push(dev.clone());
-            for e in fs::read_dir(&dev).unwrap().flatten() {
-                if e.file_name().to_string_lossy().starts_with("virtfn") {
-                    let vf = fs::canonicalize(e.path()).unwrap();
-                    for e in fs::read_dir(vf.join("net")).into_iter().flatten().flatten() {
-                        for a in ["mtu", "operstate", "flags"] {
-                            read(&e.path().join(a));
-                        }
-                    }
-                    devices.push(vf);
-                }
-            }
+/// What the plain reader touches: every link (read once) and every file
+/// (opened and read once) that a capture of the tree records, which is
+/// exactly what one discovery pass reads. Folders are not listed: the
+/// plain reader knows its paths, discovery has to find them.
+fn manifest(root: &Path) -> Vec<(String, bool)> {
+    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["capture", "--out", "-", "--sysfs-root", root.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "capture failed");
+    let mut out = Vec::new();
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(o.stdout.as_slice()));
+    for e in tar.entries().unwrap() {
+        let e = e.unwrap();
+        let path = e.path().unwrap().to_string_lossy().into_owned();
+        let Some(rel) = path.strip_prefix("sysfs/") else { continue };
+        match e.header().entry_type() {
+            tar::EntryType::Symlink => out.push((rel.to_string(), true)),
+            tar::EntryType::Regular => out.push((rel.to_string(), false)),
+            _ => {}
         }
     }
-    for dev in devices {
-        for a in ["numa_node", "local_cpulist", "sriov_totalvfs", "sriov_numvfs"] {
-            read(&dev.join(a));
-        }
-        for ib in fs::read_dir(dev.join("infiniband")).into_iter().flatten().flatten() {
-            for port in fs::read_dir(ib.path().join("ports")).into_iter().flatten().flatten() {
-                read(&port.path().join("state"));
-                read(&port.path().join("phys_state"));
-            }
+    out
+}
+
+/// The plain reader's main: `--plain MANIFEST ROOT` (this bench binary
+/// re-executed, so it pays one process start like nodefabric does).
+fn plain(manifest: &Path, root: &Path) {
+    let list = fs::read_to_string(manifest).unwrap();
+    let mut bytes = 0usize;
+    for line in list.lines() {
+        let (kind, rel) = line.split_at(1);
+        let p = root.join(rel);
+        if kind == "L" {
+            bytes += fs::read_link(&p).map(|t| t.as_os_str().len()).unwrap_or(0);
+        } else {
+            bytes += fs::read(&p).map(|b| b.len()).unwrap_or(0);
         }
     }
-    for e in fs::read_dir(root.join("bus/pci/devices")).unwrap() {
-        let dev = fs::canonicalize(e.unwrap().path()).unwrap();
-        for a in ["vendor", "class", "device", "numa_node"] {
-            read(&dev.join(a));
-        }
-    }
-    bytes
+    std::hint::black_box(bytes);
+}
+
+/// Runs the plain reader once as a process; its wall time.
+fn plain_once(manifest: &Path, root: &Path) -> Duration {
+    let start = Instant::now();
+    let status = Command::new(std::env::current_exe().unwrap()).arg("--plain").arg(manifest).arg(root).status().unwrap();
+    assert!(status.success());
+    start.elapsed()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -85,46 +93,53 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--plain") {
+        return plain(Path::new(&args[2]), Path::new(&args[3]));
+    }
     let mut rows = Vec::new();
-    for endpoints in [8u32, 64, 512] {
+    let mut medians = Vec::new();
+    for endpoints in [8u32, 512, 8192] {
+        let runs = if endpoints > 1000 { 7 } else { RUNS };
         // sysfs lives in memory, so the tree does too (tmpfs) where available
         let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
-        fixtures::large(dir.path(), endpoints);
-        run_once(dir.path()); // warm the page cache
-        let mut times = Vec::new();
-        let mut rss = 0;
-        for _ in 0..RUNS {
-            let (t, r) = run_once(dir.path());
+        let tree = dir.path().join("sys");
+        fixtures::large(&tree, endpoints);
+        let list = manifest(&tree);
+        let manifest_file = dir.path().join("manifest");
+        let text: String = list.iter().map(|(p, link)| format!("{}{p}\n", if *link { "L" } else { "F" })).collect();
+        fs::write(&manifest_file, text).unwrap();
+        run_once(&tree); // warm the page cache
+        // Interleaved, so a change in machine load hits both sides alike.
+        let (mut times, mut floors, mut rss) = (Vec::new(), Vec::new(), 0);
+        for _ in 0..runs {
+            let (t, r) = run_once(&tree);
             times.push(t);
             rss = rss.max(r);
-        }
-        // The floor runs in-process, so add the cost of starting a process
-        // (measured with `true`) to compare like with like.
-        let mut floors = Vec::new();
-        for _ in 0..RUNS {
-            let start = Instant::now();
-            assert!(Command::new("true").status().unwrap().success());
-            std::hint::black_box(floor(dir.path()));
-            floors.push(start.elapsed());
+            floors.push(plain_once(&manifest_file, &tree));
         }
         let (t, f) = (median(times), median(floors));
-        println!("{endpoints:>4} endpoints: {t:?} (floor {f:?}), peak RSS {rss} KiB");
+        medians.push((endpoints, t));
+        println!("{endpoints:>5} endpoints: {t:?} (plain reader {f:?}, {} paths), peak RSS {rss} KiB", list.len());
         rows.push(format!(
-            "| {endpoints} | {:.2} | {:.2} | {:.1}x | {:.1} |",
+            "| {endpoints} | {} | {:.2} | {:.2} | {:.1}x | {:.1} |",
+            list.len(),
             t.as_secs_f64() * 1e3,
             f.as_secs_f64() * 1e3,
             t.as_secs_f64() / f.as_secs_f64(),
             rss as f64 / 1024.0
         ));
     }
+    let growth = |(a, ta): (u32, Duration), (b, tb): (u32, Duration)| (tb.as_secs_f64() / ta.as_secs_f64()).ln() / (f64::from(b) / f64::from(a)).ln();
     let section = format!(
         "## Discovery: `nodefabric features`\n\n\
-         Generated trees (`tests/support/fixtures.rs::large`): 8 GPUs, 8 PFs, the rest VFs. \
-         Trees on tmpfs (/dev/shm), as sysfs is in memory. Median of {RUNS} runs of the release binary; peak RSS from wait4(2). \
-         The floor is a bare loop reading the same attributes with no checks, plus one process start \
-         (`true`), so the ratio compares like with like. Targets: < 20 ms and < 10 MiB at 512 endpoints, \
-         within 2x of the floor, linear growth.\n\n\
-         | endpoints | wall ms | floor ms | ratio | peak RSS MiB |\n|---|---|---|---|---|\n{}\n",
+         Generated trees (`tests/support/fixtures.rs::large`): 8 GPUs, 8 PFs, the rest VFs, on tmpfs (/dev/shm) as sysfs is in memory. \
+         Median of {RUNS} runs (7 at 8192 endpoints) of the release binary, interleaved with the plain reader; peak RSS from wait4(2). \
+         The plain reader is a process that reads each link and each file a capture of the same tree records, once each, \
+         by its path: no canonicalisation, no containment check, no listing of folders. \
+         Growth exponent of `features` from 512 to 8192 endpoints: {:.2}.\n\n\
+         | endpoints | paths read | wall ms | plain reader ms | ratio | peak RSS MiB |\n|---|---|---|---|---|---|\n{}\n",
+        growth(medians[1], medians[2]),
         rows.join("\n")
     );
     report::write_section("Discovery", &section);
