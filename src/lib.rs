@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod cdi;
 pub mod cli;
+pub mod cluster;
 pub mod discover;
 pub mod fabric;
 pub mod labels;

@@ -9,7 +9,6 @@
 
 pub mod config;
 pub mod lldp;
-pub mod node;
 pub mod nvsmi;
 pub mod select;
 
