@@ -17,7 +17,12 @@ pub struct BrokerArgs {
     /// The Node object's UID, recorded so the observer can tell a replaced
     /// node that reuses a name. With --node-name and a cluster to ask
     /// (KUBECONFIG, or in a pod) it is read from the Node instead.
-    #[arg(long, value_name = "UID", env = "NODEFABRIC_NODE_UID", default_value = "")]
+    #[arg(
+        long,
+        value_name = "UID",
+        env = "NODEFABRIC_NODE_UID",
+        default_value = ""
+    )]
     pub node_uid: String,
 
     /// This node's name: its key in the shared ConfigMap, and the Node whose
@@ -28,7 +33,8 @@ pub struct BrokerArgs {
     /// Also publish the record under key --node-name of this ConfigMap
     /// (NAME in the pod's namespace, or NAMESPACE/NAME), patching only that
     /// key; an empty rail result removes it. The Node Observer creates the
-    /// ConfigMap. Default: configMapName from --rails-config.
+    /// ConfigMap. Default: configMapName from --rails-config, when a cluster
+    /// is configured (KUBECONFIG, or in a pod).
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_configmap)]
     pub rails_configmap: Option<ConfigMapRef>,
 
@@ -61,12 +67,16 @@ impl BrokerArgs {
     }
 
     /// The ConfigMap to publish to: --rails-configmap, else `config_name`
-    /// (the config file's configMapName) in the client's namespace.
+    /// (the config file's configMapName) in the client's namespace when a
+    /// cluster is configured, so the same values file still serves a
+    /// node-local `rails` run on a machine with no cluster.
     pub fn target(&self, config_name: Option<&str>) -> anyhow::Result<Option<ConfigMapRef>> {
         let target = match (&self.rails_configmap, config_name) {
             (Some(cm), _) => Some(cm.clone()),
-            (None, Some(name)) => Some(ConfigMapRef::parse(name).map_err(|e| anyhow::anyhow!("configMapName: {e}"))?),
-            (None, None) => None,
+            (None, Some(name)) if super::configured() => {
+                Some(ConfigMapRef::parse(name).map_err(|e| anyhow::anyhow!("configMapName: {e}"))?)
+            }
+            (None, _) => None,
         };
         if target.is_some() && self.node_name.is_none() {
             anyhow::bail!("publishing to a ConfigMap needs --node-name (or NODE_NAME): it is the record's key");
@@ -77,17 +87,28 @@ impl BrokerArgs {
     /// Patches this node's key of `cm` with `record` (removes it when the
     /// record has no rail). Any error leaves the ConfigMap as it was.
     pub fn publish(&self, cm: &ConfigMapRef, record: &RailRecord) -> anyhow::Result<()> {
-        let node = self.node_name.as_deref().ok_or_else(|| anyhow::anyhow!("publishing to ConfigMap {cm} needs --node-name"))?;
+        let node = self
+            .node_name
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("publishing to ConfigMap {cm} needs --node-name"))?;
         let bytes = crate::rails::to_bytes(record);
         let text = String::from_utf8(bytes).expect("the record is JSON text");
-        let what = if record.nics.is_empty() { Publication::Remove } else { Publication::Record(&text) };
+        let what = if record.nics.is_empty() {
+            Publication::Remove
+        } else {
+            Publication::Record(&text)
+        };
         block_on(async {
             let client = super::connect(&self.service_account_dir).await?;
             broker::publish(&client, cm, node, what).await
         })?;
         match what {
-            Publication::Remove => tracing::info!("no rail on this node: key {node} of ConfigMap {cm} removed"),
-            Publication::Record(_) => tracing::info!("published the rail record under key {node} of ConfigMap {cm}"),
+            Publication::Remove => {
+                tracing::info!("no rail on this node: key {node} of ConfigMap {cm} removed")
+            }
+            Publication::Record(_) => {
+                tracing::info!("published the rail record under key {node} of ConfigMap {cm}")
+            }
         }
         Ok(())
     }
@@ -125,7 +146,9 @@ impl ObserveArgs {
     pub fn run(&self) -> anyhow::Result<()> {
         let health = Health::new();
         if let Some(addr) = self.health_addr {
-            let bound = health.serve(addr).map_err(|e| anyhow::anyhow!("--health-addr {addr}: {e}"))?;
+            let bound = health
+                .serve(addr)
+                .map_err(|e| anyhow::anyhow!("--health-addr {addr}: {e}"))?;
             tracing::info!("health endpoints on http://{bound}/livez and /readyz");
         }
         let settings = observer::Settings {
@@ -135,7 +158,10 @@ impl ObserveArgs {
             service_account_dir: self.service_account_dir.clone(),
             health,
         };
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClusterError::Runtime)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ClusterError::Runtime)?;
         runtime.block_on(observer::run(settings))?;
         Ok(())
     }

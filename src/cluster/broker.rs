@@ -23,22 +23,40 @@ pub enum Publication<'a> {
 
 /// Sets (or removes) key `node` of the ConfigMap `cm`; on any error the
 /// ConfigMap is unchanged, since a patch applies whole or not at all.
-pub async fn publish(client: &Client, cm: &ConfigMapRef, node: &str, what: Publication<'_>) -> Result<(), ClusterError> {
+pub async fn publish(
+    client: &Client,
+    cm: &ConfigMapRef,
+    node: &str,
+    what: Publication<'_>,
+) -> Result<(), ClusterError> {
     let cm = cm.resolved(client);
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
+    let api: Api<ConfigMap> =
+        Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
     let (value, size) = match what {
         Publication::Record(r) => (json!(r), node.len() + r.len()),
         Publication::Remove => (serde_json::Value::Null, 0),
     };
     let patch = json!({ "data": { node: value } });
-    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
     let request = format!("PATCH ConfigMap {cm} key {node}");
     match api.patch(&cm.name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
         Err(e) => Err(match code(&e) {
             Some(404) => ClusterError::NoConfigMap(cm),
-            Some(403) => ClusterError::Forbidden { what: request, needs: format!("`patch` on the ConfigMap {} (resourceNames)", cm.name), message: e.to_string() },
-            Some(422) if too_long(&e) => ClusterError::TooLarge { cm, node: node.to_string(), size, message: status_message(&e) },
+            Some(403) => ClusterError::Forbidden {
+                what: request,
+                needs: format!("`patch` on the ConfigMap {} (resourceNames)", cm.name),
+                message: e.to_string(),
+            },
+            Some(422) if too_long(&e) => ClusterError::TooLarge {
+                cm,
+                node: node.to_string(),
+                size,
+                message: status_message(&e),
+            },
             _ => ClusterError::api(request, e),
         }),
     }
@@ -48,7 +66,10 @@ pub async fn publish(client: &Client, cm: &ConfigMapRef, node: &str, what: Publi
 /// (or, from a server that sends no causes, its message).
 fn too_long(e: &kube::Error) -> bool {
     let kube::Error::Api(s) = e else { return false };
-    let by_cause = s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldValueTooLong"));
+    let by_cause = s
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldValueTooLong"));
     by_cause || s.message.contains("Too long") || s.message.contains(&CONFIGMAP_LIMIT.to_string())
 }
 

@@ -48,7 +48,10 @@ impl Health {
             "/livez" | "/healthz" if self.live() => (StatusCode::OK, "ok\n"),
             "/livez" | "/healthz" => (StatusCode::SERVICE_UNAVAILABLE, "not started\n"),
             "/readyz" if self.ready() => (StatusCode::OK, "ok\n"),
-            "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "the last pass failed or none has finished yet\n"),
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the last pass failed or none has finished yet\n",
+            ),
             _ => (StatusCode::NOT_FOUND, "not found: /livez or /readyz\n"),
         }
     }
@@ -60,29 +63,41 @@ impl Health {
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
         let health = self.clone();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        std::thread::Builder::new().name("health".into()).spawn(move || {
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => return tracing::error!("health endpoint {bound}: {e}"),
-                };
-                loop {
-                    let Ok((tcp, _)) = listener.accept().await else { continue };
-                    let health = health.clone();
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                            let (code, body) = health.answer(req.uri().path());
-                            let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-                            *resp.status_mut() = code;
-                            async move { Ok::<_, std::convert::Infallible>(resp) }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("health".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => return tracing::error!("health endpoint {bound}: {e}"),
+                    };
+                    loop {
+                        let Ok((tcp, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let health = health.clone();
+                        tokio::spawn(async move {
+                            let service = hyper::service::service_fn(
+                                move |req: Request<hyper::body::Incoming>| {
+                                    let (code, body) = health.answer(req.uri().path());
+                                    let mut resp = Response::new(Full::new(Bytes::from_static(
+                                        body.as_bytes(),
+                                    )));
+                                    *resp.status_mut() = code;
+                                    async move { Ok::<_, std::convert::Infallible>(resp) }
+                                },
+                            );
+                            let io = hyper_util::rt::TokioIo::new(tcp);
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(io, service)
+                                .await;
                         });
-                        let io = hyper_util::rt::TokioIo::new(tcp);
-                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-                    });
-                }
-            })
-        })?;
+                    }
+                })
+            })?;
         Ok(bound)
     }
 }

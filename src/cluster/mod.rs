@@ -19,7 +19,10 @@ pub mod observer;
 pub mod owner;
 pub mod reconcile;
 
-use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
 use kube::{Client, Config};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -38,7 +41,9 @@ pub const FIELD_MANAGER: &str = "nodefabric";
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// Neither `KUBECONFIG` nor the in-cluster variables lead to a cluster.
-    #[error("no cluster to talk to: set KUBECONFIG, or run in a pod (KUBERNETES_SERVICE_HOST unset)")]
+    #[error(
+        "no cluster to talk to: set KUBECONFIG, or run in a pod (KUBERNETES_SERVICE_HOST unset)"
+    )]
     NoConfig,
     /// The client configuration could not be loaded.
     #[error("loading the client configuration from {source_name}: {message}")]
@@ -82,8 +87,9 @@ pub enum ClusterError {
         /// The server's message.
         message: String,
     },
-    /// Any other API answer or transport failure.
-    #[error("{what}: {source}")]
+    /// Any other API answer or transport failure (kube-rs's error is the
+    /// source, which `{:#}` prints after the request).
+    #[error("{what}")]
     Api {
         /// The request.
         what: String,
@@ -119,13 +125,19 @@ pub enum ClusterError {
 impl ClusterError {
     /// Wraps a kube-rs error with the request it answered.
     pub fn api(what: impl Into<String>, source: kube::Error) -> ClusterError {
-        ClusterError::Api { what: what.into(), source }
+        ClusterError::Api {
+            what: what.into(),
+            source,
+        }
     }
 
     /// The HTTP status the API server answered with, if it answered.
     pub fn status_code(&self) -> Option<u16> {
         match self {
-            ClusterError::Api { source: kube::Error::Api(s), .. } => Some(s.code),
+            ClusterError::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => Some(s.code),
             _ => None,
         }
     }
@@ -156,8 +168,15 @@ impl ConfigMapRef {
             Some((ns, name)) => (Some(ns), name),
             None => (None, s),
         };
-        if !name.is_empty() && name.len() <= 253 && name.split('.').all(dns_label) && ns.is_none_or(|n| n.len() <= 63 && dns_label(n)) {
-            Ok(ConfigMapRef { namespace: ns.map(str::to_string), name: name.to_string() })
+        if !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(dns_label)
+            && ns.is_none_or(|n| n.len() <= 63 && dns_label(n))
+        {
+            Ok(ConfigMapRef {
+                namespace: ns.map(str::to_string),
+                name: name.to_string(),
+            })
         } else {
             Err(bad())
         }
@@ -165,12 +184,17 @@ impl ConfigMapRef {
 
     /// The namespace, falling back to the client's default.
     pub fn namespace_or<'a>(&'a self, client: &'a Client) -> &'a str {
-        self.namespace.as_deref().unwrap_or(client.default_namespace())
+        self.namespace
+            .as_deref()
+            .unwrap_or(client.default_namespace())
     }
 
     /// The same reference with its namespace filled in from the client.
     pub fn resolved(&self, client: &Client) -> ConfigMapRef {
-        ConfigMapRef { namespace: Some(self.namespace_or(client).to_string()), name: self.name.clone() }
+        ConfigMapRef {
+            namespace: Some(self.namespace_or(client).to_string()),
+            name: self.name.clone(),
+        }
     }
 }
 
@@ -187,7 +211,8 @@ impl fmt::Display for ConfigMapRef {
 fn dns_label(l: &str) -> bool {
     !l.is_empty()
         && l.len() <= 63
-        && l.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && l.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !l.starts_with('-')
         && !l.ends_with('-')
 }
@@ -209,12 +234,25 @@ pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
         let source_name = format!("KUBECONFIG={}", PathBuf::from(&path).display());
         return Config::from_kubeconfig(&KubeConfigOptions::default())
             .await
-            .map_err(|e| ClusterError::Config { source_name, message: format!("{e:#}") });
+            .map_err(|e| ClusterError::Config {
+                source_name,
+                message: format!("{e:#}"),
+            });
     }
-    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok().filter(|h| !h.is_empty()).ok_or(ClusterError::NoConfig)?;
-    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "443".into());
+    let host = std::env::var("KUBERNETES_SERVICE_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .ok_or(ClusterError::NoConfig)?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "443".into());
     // An IPv6 service address needs brackets in a URL.
-    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
     let source_name = format!("the service account in {}", sa_dir.display());
     // The in-cluster setup written as a kubeconfig, so kube-rs reads the CA
     // and (re-reads) the token file exactly as it does for any kubeconfig.
@@ -222,16 +260,30 @@ pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
     let kubeconfig = Kubeconfig {
         clusters: vec![NamedCluster {
             name: "in-cluster".into(),
-            cluster: Some(Cluster { server: Some(format!("https://{host}:{port}")), certificate_authority: path("ca.crt"), ..Default::default() }),
+            cluster: Some(Cluster {
+                server: Some(format!("https://{host}:{port}")),
+                certificate_authority: path("ca.crt"),
+                ..Default::default()
+            }),
             other: Default::default(),
         }],
-        auth_infos: vec![NamedAuthInfo { name: "in-cluster".into(), auth_info: Some(AuthInfo { token_file: path("token"), ..Default::default() }), other: Default::default() }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "in-cluster".into(),
+            auth_info: Some(AuthInfo {
+                token_file: path("token"),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
         contexts: vec![NamedContext {
             name: "in-cluster".into(),
             context: Some(Context {
                 cluster: "in-cluster".into(),
                 user: Some("in-cluster".into()),
-                namespace: std::fs::read_to_string(sa_dir.join("namespace")).ok().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()),
+                namespace: std::fs::read_to_string(sa_dir.join("namespace"))
+                    .ok()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty()),
                 ..Default::default()
             }),
             other: Default::default(),
@@ -241,20 +293,32 @@ pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
     };
     Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| ClusterError::Config { source_name, message: format!("{e:#}") })
+        .map_err(|e| ClusterError::Config {
+            source_name,
+            message: format!("{e:#}"),
+        })
 }
 
 /// A client for the configured cluster.
 pub async fn connect(sa_dir: &Path) -> Result<Client, ClusterError> {
     let config = config(sa_dir).await?;
     let source_name = config.cluster_url.to_string();
-    Client::try_from(config).map_err(|e| ClusterError::Config { source_name, message: format!("{e:#}") })
+    Client::try_from(config).map_err(|e| ClusterError::Config {
+        source_name,
+        message: format!("{e:#}"),
+    })
 }
 
 /// Runs one piece of async cluster work to completion from synchronous code
 /// (the publisher is synchronous; each pass talks to the API briefly).
-pub fn block_on<T>(work: impl std::future::Future<Output = Result<T, ClusterError>>) -> Result<T, ClusterError> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ClusterError::Runtime)?.block_on(work)
+pub fn block_on<T>(
+    work: impl std::future::Future<Output = Result<T, ClusterError>>,
+) -> Result<T, ClusterError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClusterError::Runtime)?
+        .block_on(work)
 }
 
 #[cfg(test)]
@@ -263,15 +327,35 @@ mod tests {
 
     #[test]
     fn configmap_ref_takes_name_or_namespace_slash_name() {
-        assert_eq!(ConfigMapRef::parse("rails").unwrap(), ConfigMapRef { namespace: None, name: "rails".into() });
+        assert_eq!(
+            ConfigMapRef::parse("rails").unwrap(),
+            ConfigMapRef {
+                namespace: None,
+                name: "rails".into()
+            }
+        );
         let r = ConfigMapRef::parse("nodefabric/topograph-nic-rails").unwrap();
-        assert_eq!((r.namespace.as_deref(), r.name.as_str()), (Some("nodefabric"), "topograph-nic-rails"));
+        assert_eq!(
+            (r.namespace.as_deref(), r.name.as_str()),
+            (Some("nodefabric"), "topograph-nic-rails")
+        );
         assert_eq!(r.to_string(), "nodefabric/topograph-nic-rails");
     }
 
     #[test]
     fn configmap_ref_refuses_malformed_names_and_names_them() {
-        for bad in ["", "/", "ns/", "/name", "a/b/c", "Upper", "ns/-x", "ns/x_y", &"x".repeat(254), &format!("{}/x", "n".repeat(64))] {
+        for bad in [
+            "",
+            "/",
+            "ns/",
+            "/name",
+            "a/b/c",
+            "Upper",
+            "ns/-x",
+            "ns/x_y",
+            &"x".repeat(254),
+            &format!("{}/x", "n".repeat(64)),
+        ] {
             let e = ConfigMapRef::parse(bad).unwrap_err();
             assert!(e.to_string().contains(&format!("{bad:?}")), "{bad}: {e}");
         }

@@ -9,13 +9,23 @@ use kube::{Api, Client};
 pub async fn uid(client: &Client, name: &str) -> Result<String, ClusterError> {
     let what = format!("GET Node {name}");
     // Only the metadata: a Node's status (images, conditions) can be large.
-    let node = Api::<Node>::all(client.clone()).get_metadata(name).await.map_err(|e| match code(&e) {
-        Some(404) => ClusterError::NoSuchNode(name.to_string()),
-        Some(403) => ClusterError::Forbidden { what: what.clone(), needs: "`get` on nodes".into(), message: e.to_string() },
-        _ => ClusterError::api(what.clone(), e),
-    })?;
+    let node = Api::<Node>::all(client.clone())
+        .get_metadata(name)
+        .await
+        .map_err(|e| match code(&e) {
+            Some(404) => ClusterError::NoSuchNode(name.to_string()),
+            Some(403) => ClusterError::Forbidden {
+                what: what.clone(),
+                needs: "`get` on nodes".into(),
+                message: e.to_string(),
+            },
+            _ => ClusterError::api(what.clone(), e),
+        })?;
     match node.metadata.uid {
         Some(uid) if !uid.is_empty() => Ok(uid),
-        _ => Err(ClusterError::Malformed { what, message: "the answer has no metadata.uid".into() }),
+        _ => Err(ClusterError::Malformed {
+            what,
+            message: "the answer has no metadata.uid".into(),
+        }),
     }
 }

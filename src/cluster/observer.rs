@@ -12,8 +12,8 @@ use super::reconcile::{self, Nodes};
 use super::{owner, ClusterError, ConfigMapRef};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::watcher::{self, Event};
 use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
 use kube::runtime::{watcher as watch, WatchStreamExt};
 use kube::{Api, Client};
 use std::path::PathBuf;
@@ -55,7 +55,12 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
     owner::ensure(&client, &cm, &owner).await?;
     settings.health.set_live(true);
 
-    let mut events = watch(Api::<PartialObjectMeta<Node>>::all(client.clone()), watcher::Config::default()).default_backoff().boxed();
+    let mut events = watch(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
     let mut synced = false;
@@ -75,10 +80,15 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
             Some(Ok(e)) => e,
             // The watcher backs off and retries by itself; say why meanwhile.
             Some(Err(e)) => {
-                tracing::warn!("watching Nodes: {e}");
+                tracing::warn!("watching Nodes: {:#}", anyhow::Error::new(e));
                 continue;
             }
-            None => return Err(ClusterError::Malformed { what: "WATCH Nodes".into(), message: "the watch stream ended".into() }),
+            None => {
+                return Err(ClusterError::Malformed {
+                    what: "WATCH Nodes".into(),
+                    message: "the watch stream ended".into(),
+                })
+            }
         };
         match event {
             Event::Init => listing.clear(),
@@ -90,18 +100,25 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
             Event::InitDone => {
                 nodes = std::mem::take(&mut listing);
                 synced = true;
-                tracing::info!("Node cache synced ({} Nodes); reconciling every record", nodes.len());
+                tracing::info!(
+                    "Node cache synced ({} Nodes); reconciling every record",
+                    nodes.len()
+                );
                 pass(&client, &cm, &owner, &nodes, None, settings).await;
             }
             Event::Apply(n) => {
-                let Some((name, uid)) = name_uid(&n.metadata) else { continue };
+                let Some((name, uid)) = name_uid(&n.metadata) else {
+                    continue;
+                };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
                     pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
                 }
             }
             Event::Delete(n) => {
-                let Some((name, _)) = name_uid(&n.metadata) else { continue };
+                let Some((name, _)) = name_uid(&n.metadata) else {
+                    continue;
+                };
                 nodes.remove(&name);
                 if synced {
                     pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
@@ -114,7 +131,14 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
 /// One reconciliation; failures are logged and mark the observer unready
 /// until a later pass succeeds. A ConfigMap deleted under the observer is
 /// created again.
-async fn pass(client: &Client, cm: &ConfigMapRef, owner: &owner::Owner, nodes: &Nodes, key: Option<&str>, settings: &Settings) {
+async fn pass(
+    client: &Client,
+    cm: &ConfigMapRef,
+    owner: &owner::Owner,
+    nodes: &Nodes,
+    key: Option<&str>,
+    settings: &Settings,
+) {
     let mut result = reconcile::clean(client, cm, nodes, key).await;
     if let Err(ClusterError::NoConfigMap(_)) = result {
         tracing::warn!("ConfigMap {cm} is gone; creating it again");
@@ -128,15 +152,22 @@ async fn pass(client: &Client, cm: &ConfigMapRef, owner: &owner::Owner, nodes: &
             if key.is_none() {
                 settings.health.set_ready(true);
             }
-            tracing::debug!("reconciled {}: removed {:?}, changed meanwhile {:?}", key.unwrap_or("every key"), out.removed, out.changed);
+            tracing::debug!(
+                "reconciled {}: removed {:?}, changed meanwhile {:?}",
+                key.unwrap_or("every key"),
+                out.removed,
+                out.changed
+            );
         }
         Err(e) => {
             settings.health.set_ready(false);
-            tracing::error!("reconciling ConfigMap {cm}: {e}");
+            tracing::error!("reconciling ConfigMap {cm}: {:#}", anyhow::Error::new(e));
         }
     }
 }
 
-fn name_uid(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<(String, String)> {
+fn name_uid(
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<(String, String)> {
     Some((m.name.clone()?, m.uid.clone()?))
 }

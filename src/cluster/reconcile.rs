@@ -57,9 +57,15 @@ pub fn stale(data: &BTreeMap<String, String>, nodes: &Nodes, key: Option<&str>) 
                 // judged against a living Node: its broker will rewrite it.
                 (Some(_), None) => return None,
                 (Some(uid), Some(r)) if r.is_empty() || &r == uid => return None,
-                (Some(uid), Some(r)) => format!("its nodeUID {r} is not Node {k}'s UID {uid} (the name was reused)"),
+                (Some(uid), Some(r)) => {
+                    format!("its nodeUID {r} is not Node {k}'s UID {uid} (the name was reused)")
+                }
             };
-            Some(Stale { key: k.clone(), value: v.clone(), why })
+            Some(Stale {
+                key: k.clone(),
+                value: v.clone(),
+                why,
+            })
         })
         .collect()
 }
@@ -68,7 +74,10 @@ pub fn stale(data: &BTreeMap<String, String>, nodes: &Nodes, key: Option<&str>) 
 pub fn test_and_remove(stale: &Stale) -> json_patch::Patch {
     let path = PointerBuf::from_tokens(["data", stale.key.as_str()]);
     json_patch::Patch(vec![
-        PatchOperation::Test(TestOperation { path: path.clone(), value: serde_json::Value::String(stale.value.clone()) }),
+        PatchOperation::Test(TestOperation {
+            path: path.clone(),
+            value: serde_json::Value::String(stale.value.clone()),
+        }),
         PatchOperation::Remove(RemoveOperation { path }),
     ])
 }
@@ -76,8 +85,14 @@ pub fn test_and_remove(stale: &Stale) -> json_patch::Patch {
 /// Removes the stale keys of ConfigMap `cm` (namespace filled in): every key,
 /// or only `key`. `nodes` is the watch cache; each candidate is confirmed
 /// against the Node as it is now before its removal.
-pub async fn clean(client: &Client, cm: &ConfigMapRef, nodes: &Nodes, key: Option<&str>) -> Result<Outcome, ClusterError> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
+pub async fn clean(
+    client: &Client,
+    cm: &ConfigMapRef,
+    nodes: &Nodes,
+    key: Option<&str>,
+) -> Result<Outcome, ClusterError> {
+    let api: Api<ConfigMap> =
+        Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
     let current = api.get(&cm.name).await.map_err(|e| match code(&e) {
         Some(404) => ClusterError::NoConfigMap(cm.clone()),
         _ => ClusterError::api(format!("GET ConfigMap {cm}"), e),
@@ -86,22 +101,53 @@ pub async fn clean(client: &Client, cm: &ConfigMapRef, nodes: &Nodes, key: Optio
     let mut out = Outcome::default();
     for candidate in stale(&data, nodes, key) {
         let now = node_now(client, &candidate.key).await?;
-        let Some(confirmed) = stale(&BTreeMap::from([(candidate.key.clone(), candidate.value.clone())]), &now, None).pop() else {
-            tracing::debug!("record {}: the watch was behind; Node {} is current, record kept", candidate.key, candidate.key);
+        let Some(confirmed) = stale(
+            &BTreeMap::from([(candidate.key.clone(), candidate.value.clone())]),
+            &now,
+            None,
+        )
+        .pop() else {
+            tracing::debug!(
+                "record {}: the watch was behind; Node {} is current, record kept",
+                candidate.key,
+                candidate.key
+            );
             continue;
         };
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        match api.patch(&cm.name, &params, &Patch::<()>::Json(test_and_remove(&confirmed))).await {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api
+            .patch(
+                &cm.name,
+                &params,
+                &Patch::<()>::Json(test_and_remove(&confirmed)),
+            )
+            .await
+        {
             Ok(_) => {
-                tracing::info!("removed record {} from ConfigMap {cm}: {}", confirmed.key, confirmed.why);
+                tracing::info!(
+                    "removed record {} from ConfigMap {cm}: {}",
+                    confirmed.key,
+                    confirmed.why
+                );
                 out.removed.push(confirmed.key);
             }
             // The test failed: someone wrote a newer record (or removed it) since the read.
             Err(e) if code(&e) == Some(422) => {
-                tracing::info!("record {} changed since it was read; left for its broker ({e})", confirmed.key);
+                tracing::info!(
+                    "record {} changed since it was read; left for its broker ({e})",
+                    confirmed.key
+                );
                 out.changed.push(confirmed.key);
             }
-            Err(e) => return Err(ClusterError::api(format!("PATCH ConfigMap {cm} (test-and-remove {})", confirmed.key), e)),
+            Err(e) => {
+                return Err(ClusterError::api(
+                    format!("PATCH ConfigMap {cm} (test-and-remove {})", confirmed.key),
+                    e,
+                ))
+            }
         }
     }
     Ok(out)
@@ -114,7 +160,11 @@ async fn node_now(client: &Client, name: &str) -> Result<Nodes, ClusterError> {
         .list_metadata(&params)
         .await
         .map_err(|e| ClusterError::api(format!("LIST Nodes metadata.name={name}"), e))?;
-    Ok(list.items.into_iter().filter_map(|n| Some((n.metadata.name?, n.metadata.uid?))).collect())
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|n| Some((n.metadata.name?, n.metadata.uid?)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -141,9 +191,20 @@ mod tests {
             ("garbage".to_string(), "u-g".to_string()),
         ]);
         let s = stale(&data, &nodes, None);
-        assert_eq!(s.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(), ["gone", "reused"]);
-        assert_eq!(s[1].value, record("u-old"), "the removal is conditional on the exact value read");
-        assert!(s[1].why.contains("u-old") && s[1].why.contains("u-new"), "{}", s[1].why);
+        assert_eq!(
+            s.iter().map(|s| s.key.as_str()).collect::<Vec<_>>(),
+            ["gone", "reused"]
+        );
+        assert_eq!(
+            s[1].value,
+            record("u-old"),
+            "the removal is conditional on the exact value read"
+        );
+        assert!(
+            s[1].why.contains("u-old") && s[1].why.contains("u-new"),
+            "{}",
+            s[1].why
+        );
         assert_eq!(stale(&data, &nodes, Some("reused")).len(), 1);
         assert!(stale(&data, &nodes, Some("alive")).is_empty());
     }
@@ -156,9 +217,16 @@ mod tests {
 
     #[test]
     fn test_and_remove_tests_the_exact_value_then_removes_and_escapes_the_key() {
-        let s = Stale { key: "a~b".into(), value: record("u"), why: String::new() };
+        let s = Stale {
+            key: "a~b".into(),
+            value: record("u"),
+            why: String::new(),
+        };
         let v = serde_json::to_value(test_and_remove(&s)).unwrap();
-        assert_eq!(v, serde_json::json!([{"op": "test", "path": "/data/a~0b", "value": record("u")}, {"op": "remove", "path": "/data/a~0b"}]));
+        assert_eq!(
+            v,
+            serde_json::json!([{"op": "test", "path": "/data/a~0b", "value": record("u")}, {"op": "remove", "path": "/data/a~0b"}])
+        );
         // Applied to a document whose value changed, the whole patch fails and nothing is removed.
         let mut doc = serde_json::json!({"data": {"a~b": record("u2")}});
         let before = doc.clone();
