@@ -815,3 +815,93 @@ fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
     let e = failed(c.output().unwrap());
     assert!(e.contains("needs --node-name"), "{e}");
 }
+
+// ---- hostile API servers ------------------------------------------------------
+
+#[test]
+fn hung_api_server_fails_the_broker_within_its_timeout_and_changes_nothing() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    w.api.fault("PATCH", CM_PATH, Action::Hang);
+    let e = failed(
+        w.broker("node-a", "lldp.json")
+            .args(["--api-timeout", "1s"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("PATCH ConfigMap nodefabric/nodefabric-rails key node-a"),
+        "{e}"
+    );
+    assert_eq!(w.data()["node-a"], "previous");
+    // A hung Node read fails the pass the same way, before anything is written.
+    w.api.fault("GET", "/api/v1/nodes/node-a", Action::Hang);
+    let e = failed(
+        w.broker("node-a", "lldp.json")
+            .args(["--api-timeout", "1s"])
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("Node node-a"), "{e}");
+    assert_eq!(w.data()["node-a"], "previous");
+}
+
+#[test]
+fn malformed_api_answers_fail_the_pass_naming_the_request() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    for (body, code) in [
+        ("not json at all", 200),
+        ("{\"kind\": \"Status\"", 500),
+        ("", 502),
+        ("{\"metadata\": {}}", 200),
+    ] {
+        w.api
+            .fault("GET", "/api/v1/nodes/node-a", Action::Raw(code, body));
+        let o = w.broker("node-a", "lldp.json").output().unwrap();
+        assert!(
+            !o.status.success(),
+            "{code} {body:?} was taken for an answer"
+        );
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("Node node-a"), "{body:?}: {e}");
+        assert_eq!(w.data()["node-a"], "previous", "{body:?}");
+    }
+    // A 503 (an overloaded server) is retried, as client-go does: one is not a failure.
+    w.api
+        .fault("GET", "/api/v1/nodes/node-a", Action::Raw(503, ""));
+    ok(w.broker("node-a", "lldp.json").output().unwrap());
+    assert_ne!(w.data()["node-a"], "previous");
+}
+
+#[test]
+fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
+    let mut obs = w.observer("observer.log");
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    // b's deletion is never delivered: held back, then compacted away, then the watch drops.
+    w.api.pause_watches();
+    w.api.delete_node("b");
+    w.api.compact();
+    w.api.resume_watches();
+    w.api.drop_watches();
+    eventually("the re-list removed b's record", || {
+        !w.data().contains_key("b")
+    });
+    assert!(
+        w.api
+            .log()
+            .iter()
+            .any(|l| l.query.contains("watch") && l.status == 200),
+        "it watched again"
+    );
+    assert_eq!(w.data().keys().collect::<Vec<_>>(), ["a"]);
+    assert!(sigterm(&mut obs).success());
+}

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The broker's flags: who this node is, and the shared ConfigMap.
-#[derive(Debug, Args, Clone, Default)]
+#[derive(Debug, Args, Clone)]
 pub struct BrokerArgs {
     /// The Node object's UID, recorded so the observer can tell a replaced
     /// node that reuses a name. With --node-name and a cluster to ask
@@ -42,6 +42,24 @@ pub struct BrokerArgs {
     /// in-cluster client; KUBECONFIG, when set, is used instead.
     #[arg(long, value_name = "DIR", default_value = SERVICE_ACCOUNT_DIR)]
     pub service_account_dir: PathBuf,
+
+    /// How long to wait for each answer of the API server before the pass
+    /// fails (nothing is changed then).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub api_timeout: Duration,
+}
+
+impl Default for BrokerArgs {
+    /// The flags' own defaults: no cluster publication.
+    fn default() -> BrokerArgs {
+        BrokerArgs {
+            node_uid: String::new(),
+            node_name: None,
+            rails_configmap: None,
+            service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+            api_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Parses `--rails-configmap` for clap.
@@ -58,7 +76,8 @@ impl BrokerArgs {
         }
         match &self.node_name {
             Some(name) if super::configured() => Ok(block_on(async {
-                let client = super::connect(&self.service_account_dir).await?;
+                let client =
+                    super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
                 node::uid(&client, name).await
             })
             .map_err(|e| anyhow::Error::new(e).context(format!("reading Node {name}'s UID")))?),
@@ -99,7 +118,7 @@ impl BrokerArgs {
             Publication::Record(&text)
         };
         block_on(async {
-            let client = super::connect(&self.service_account_dir).await?;
+            let client = super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
             broker::publish(&client, cm, node, what).await
         })?;
         match what {

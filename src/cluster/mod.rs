@@ -299,9 +299,15 @@ pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
         })
 }
 
-/// A client for the configured cluster.
-pub async fn connect(sa_dir: &Path) -> Result<Client, ClusterError> {
-    let config = config(sa_dir).await?;
+/// A client for the configured cluster. `timeout` bounds each wait for the
+/// API server's answer (a one-shot broker must not hang on a silent server);
+/// `None` suits a watch, whose answers come when something changes.
+pub async fn connect(
+    sa_dir: &Path,
+    timeout: Option<std::time::Duration>,
+) -> Result<Client, ClusterError> {
+    let mut config = config(sa_dir).await?;
+    config.read_timeout = timeout;
     let source_name = config.cluster_url.to_string();
     Client::try_from(config).map_err(|e| ClusterError::Config {
         source_name,

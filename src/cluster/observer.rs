@@ -48,7 +48,7 @@ pub async fn run(settings: Settings) -> Result<(), ClusterError> {
 }
 
 async fn observe(settings: &Settings) -> Result<(), ClusterError> {
-    let client = super::connect(&settings.service_account_dir).await?;
+    let client = super::connect(&settings.service_account_dir, None).await?;
     let cm = settings.configmap.resolved(&client);
     let ns = cm.namespace.clone().unwrap_or_default();
     let owner = owner::deployment(&client, &ns, &settings.owner_deployment).await?;

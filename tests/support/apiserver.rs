@@ -67,6 +67,10 @@ pub struct Logged {
 pub enum Action {
     /// Answer with this status code (a `Status` body), change nothing.
     Respond(u16),
+    /// Answer with this status and this body, as given (a broken server or proxy).
+    Raw(u16, &'static str),
+    /// Never answer (a hung server).
+    Hang,
     /// Change the state first (as another client would have), then serve.
     Before(Box<dyn FnOnce(&mut State) + Send>),
 }
@@ -89,6 +93,8 @@ pub struct State {
     compacted: u64,
     /// While set, watches deliver nothing after this resourceVersion.
     paused_at: Option<u64>,
+    /// Bumped to end every open watch stream.
+    watch_epoch: u64,
     faults: Vec<Fault>,
     log: Vec<Logged>,
     next_uid: u64,
@@ -340,6 +346,12 @@ impl ApiServer {
         self.with(|s| s.paused_at = Some(s.rv));
     }
 
+    /// Ends every open watch stream (as a restarting API server does); the
+    /// clients watch again from their last resourceVersion.
+    pub fn drop_watches(&self) {
+        self.with(|s| s.watch_epoch += 1);
+    }
+
     /// Delivers held-back watch events.
     pub fn resume_watches(&self) {
         self.with(|s| s.paused_at = None);
@@ -549,32 +561,54 @@ async fn serve(
             .iter()
             .position(|f| f.method == method && f.path == path);
         let injected = at.map(|i| s.faults.remove(i)).and_then(|f| match f.action {
-            Action::Respond(code) => Some(status(
+            Action::Respond(code) => Some(Err(Some(status(
                 code,
                 "InternalError",
                 &format!("injected failure {code}"),
                 Value::Null,
-            )),
+            )))),
+            Action::Raw(code, body) => Some(Ok((code, body))),
+            Action::Hang => Some(Err(None)),
             Action::Before(change) => {
                 change(&mut s);
                 None
             }
         });
-        let out = match injected {
-            Some(out) => out,
-            None => route(
-                &mut s,
-                &method,
-                &segments,
-                &query,
-                &content_type,
-                &body,
-                partial,
-            ),
-        };
-        log(&mut s, out.0);
-        out
+        match injected {
+            Some(Ok((code, raw))) => {
+                log(&mut s, code);
+                let mut r = Response::new(Full::new(Bytes::from_static(raw.as_bytes())).boxed());
+                *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                r.headers_mut()
+                    .insert("content-type", "application/json".parse().unwrap());
+                return r;
+            }
+            Some(Err(None)) => {
+                log(&mut s, 0);
+                (0, Value::Null)
+            }
+            Some(Err(Some(out))) => {
+                log(&mut s, out.0);
+                out
+            }
+            None => {
+                let out = route(
+                    &mut s,
+                    &method,
+                    &segments,
+                    &query,
+                    &content_type,
+                    &body,
+                    partial,
+                );
+                log(&mut s, out.0);
+                out
+            }
+        }
     };
+    if code == 0 {
+        return std::future::pending().await; // Action::Hang
+    }
     wake.send_modify(|g| *g += 1);
     reply(code, &answer)
 }
@@ -839,6 +873,7 @@ fn watch(
             return stream_reply(rx);
         }
     }
+    let epoch = state.lock().unwrap().watch_epoch;
     let state = state.clone();
     let mut woken = wake.subscribe();
     tokio::spawn(async move {
@@ -848,6 +883,9 @@ fn watch(
         loop {
             let lines: Vec<(u64, String)> = {
                 let s = state.lock().unwrap();
+                if s.watch_epoch != epoch {
+                    return; // dropped: the stream ends, the client watches again
+                }
                 let horizon = s.paused_at.unwrap_or(u64::MAX);
                 s.node_events
                     .iter()
