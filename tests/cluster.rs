@@ -905,3 +905,64 @@ fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
     assert_eq!(w.data().keys().collect::<Vec<_>>(), ["a"]);
     assert!(sigterm(&mut obs).success());
 }
+
+// ---- the stand-in itself ---------------------------------------------------------
+
+/// The stand-in answers as kube-apiserver does on the points the broker's
+/// design rests on (why it merge-patches): checked through kube-rs itself.
+#[test]
+fn stand_in_refuses_json_patch_add_without_data_and_remove_of_an_absent_key_as_the_real_server_does(
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    assert!(
+        w.api.configmap(NS, CM).unwrap().get("data").is_none(),
+        "an empty map is not stored"
+    );
+    let kubeconfig = kube::config::Kubeconfig::read_from(&w.kubeconfig).unwrap();
+    let codes = nodefabric::cluster::block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let api: kube::Api<ConfigMap> =
+            kube::Api::namespaced(kube::Client::try_from(config).unwrap(), NS);
+        let mut codes = Vec::new();
+        for ops in [
+            json!([{"op": "add", "path": "/data/node-a", "value": "r"}]),
+            json!([{"op": "remove", "path": "/data/node-a"}]),
+        ] {
+            let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+            let r = api
+                .patch(CM, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await;
+            codes.push(match r {
+                Err(kube::Error::Api(s)) => (s.code, s.reason),
+                other => panic!("{other:?}"),
+            });
+        }
+        let merged = api
+            .patch(
+                CM,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"node-a": "r"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(merged.data.unwrap()["node-a"], "r");
+        api.patch(
+            CM,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"absent": null}})),
+        )
+        .await
+        .unwrap();
+        Ok(codes)
+    })
+    .unwrap();
+    assert_eq!(
+        codes,
+        [(422, "Invalid".to_string()), (422, "Invalid".to_string())]
+    );
+}

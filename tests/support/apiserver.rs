@@ -307,7 +307,11 @@ impl ApiServer {
     }
 
     /// Stores a ConfigMap as given (someone else's, or one prepared by a test).
+    /// It passes the same validation and takes the same stored shape as a POST.
     pub fn put_configmap(&self, ns: &str, name: &str, mut cm: Value) {
+        if let Err((code, status)) = validate(&mut cm, name) {
+            panic!("the test's ConfigMap is invalid ({code}): {status}");
+        }
         self.with(|s| {
             let (uid, rv) = (s.uid(), s.bump());
             cm["apiVersion"] = json!("v1");
