@@ -966,3 +966,37 @@ fn stand_in_refuses_json_patch_add_without_data_and_remove_of_an_absent_key_as_t
         [(422, "Invalid".to_string()), (422, "Invalid".to_string())]
     );
 }
+
+#[test]
+fn missing_or_malformed_kubeconfig_fails_naming_it() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let garbage = w.dir.join("garbage-kubeconfig");
+    fs::write(&garbage, "clusters: [unterminated\n").unwrap();
+    for path in [w.dir.join("no-such-kubeconfig"), garbage] {
+        let e = failed(
+            w.nodefabric_as(&path)
+                .args([
+                    "observe",
+                    "--rails-configmap",
+                    CM,
+                    "--owner-deployment",
+                    OWNER,
+                ])
+                .output()
+                .unwrap(),
+        );
+        assert!(e.contains(&format!("KUBECONFIG={}", path.display())), "{e}");
+        let e = failed(
+            w.rails("node-a", "lldp.json")
+                .env("KUBECONFIG", &path)
+                .output()
+                .unwrap(),
+        );
+        assert!(
+            e.contains(&format!("KUBECONFIG={}", path.display())) && e.contains("Node node-a"),
+            "{e}"
+        );
+    }
+    assert!(w.api.log().is_empty(), "nothing reached the server");
+}

@@ -78,7 +78,7 @@ pub enum ClusterError {
         message: String,
     },
     /// The service account lacks a permission; says which.
-    #[error("{what}: forbidden: the service account needs {needs} (deploy/rbac: {message})")]
+    #[error("{what}: forbidden: the service account needs {needs} (see deploy/; the API server said: {message})")]
     Forbidden {
         /// The request.
         what: String,
