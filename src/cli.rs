@@ -205,7 +205,7 @@ impl RailArgs {
     }
 
     /// The ConfigMap the record is published to, if any: --rails-configmap,
-    /// else configMapName from --rails-config.
+    /// else configMapName from --rails-config where a cluster is configured.
     pub fn configmap(&self) -> Result<Option<cluster::ConfigMapRef>> {
         let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
         self.cluster.target(config.as_ref().and_then(|c| c.config_map_name.as_deref()))
@@ -464,13 +464,12 @@ fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Option<&Path>, c
         .options(cli.nvidia_smi.as_deref())
         .and_then(|o| rail_record(cli, pass, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
-    if let Some(cm) = cm {
-        args.cluster.publish(cm, &record)?;
-    }
-    if let Some(file) = file {
+    // The file does not wait on the cluster: each fails or succeeds on its own.
+    let written = file.map_or(Ok(()), |file| {
         let (dir, name) = folder_and_name(file, "--rails-file")?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
-    }
-    Ok(())
+        publish::write_if_changed(dir, name, &rails::to_bytes(&record)).map(drop)
+    });
+    let patched = cm.map_or(Ok(()), |cm| args.cluster.publish(cm, &record));
+    written.and(patched)
 }

@@ -1000,3 +1000,44 @@ fn missing_or_malformed_kubeconfig_fails_naming_it() {
     }
     assert!(w.api.log().is_empty(), "nothing reached the server");
 }
+
+#[test]
+fn one_shot_publish_writes_the_rail_file_even_when_the_configmap_refuses() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let file = w.dir.join("out/rails.json");
+    let publish = || {
+        let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+        c.args(["publish", "--sysfs-root"]).arg(&w.root);
+        for (flag, dir) in [
+            ("--features-dir", "f"),
+            ("--cdi-dir", "cdi"),
+            ("--state-dir", "s"),
+        ] {
+            c.arg(flag).arg(w.dir.join(dir));
+        }
+        c.arg("--rails-file")
+            .arg(&file)
+            .arg("--lldp-json")
+            .arg(w.dir.join("lldp.json"));
+        c.args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+        ]);
+        c.args(["--node-name", "node-a", "--rails-configmap", CM]);
+        c.output().unwrap()
+    };
+    let e = failed(publish());
+    assert!(e.contains("does not exist"), "{e}");
+    let written = fs::read_to_string(&file).expect("the file does not wait on the cluster");
+    w.owned_configmap(json!({}));
+    ok(publish());
+    assert_eq!(
+        w.data()["node-a"],
+        written,
+        "file and key carry the same bytes"
+    );
+}
