@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{cdi, fabric, nfd, preflight, publish, rails};
+use crate::{cdi, cluster, fabric, nfd, preflight, publish, rails};
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -150,6 +150,10 @@ pub enum Command {
     /// back: attach it to a bug report; maintainers replay it with
     /// `nodefabric --sysfs-root FILE.tar.gz inventory`.
     Capture(CaptureArgs),
+    /// The Node Observer: create and own the shared rail ConfigMap (a
+    /// controller ownerReference to --owner-deployment) and remove the
+    /// records of deleted or replaced Nodes. Runs until SIGTERM (exit 0).
+    Observe(cluster::args::ObserveArgs),
 }
 
 /// Options of `capture`.
@@ -216,20 +220,9 @@ pub struct RailArgs {
     #[arg(long, conflicts_with = "topo_file")]
     pub sysfs_paths: bool,
 
-    /// The Node object's UID, recorded so a cluster publisher can tell a
-    /// replaced node that reuses a name. In a cluster (KUBERNETES_SERVICE_HOST
-    /// set) with --node-name, it is read from the Node object instead.
-    #[arg(long, value_name = "UID", env = "NODEFABRIC_NODE_UID", default_value = "")]
-    pub node_uid: String,
-
-    /// This node's name, for reading its UID in-cluster (set NODE_NAME from
-    /// the downward API's spec.nodeName).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    pub node_name: Option<String>,
-
-    /// The service-account folder (token, ca.crt) for the in-cluster Node read.
-    #[arg(long, value_name = "DIR", default_value = rails::node::SERVICE_ACCOUNT_DIR)]
-    pub service_account_dir: PathBuf,
+    /// This node's identity and the shared ConfigMap (the broker).
+    #[command(flatten)]
+    pub cluster: cluster::args::BrokerArgs,
 }
 
 impl RailArgs {
@@ -267,13 +260,15 @@ impl RailArgs {
             (Some(topo), Some(query)) => rails::NvidiaInput::Files { query: query.clone(), topo: topo.clone() },
             _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
         };
-        let node_uid = match (&self.node_name, rails::node::api_server_from_env()) {
-            _ if !self.node_uid.is_empty() => self.node_uid.clone(),
-            (Some(name), Some(server)) => rails::node::uid(&server, &self.service_account_dir, name)
-                .with_context(|| format!("reading Node {name}'s UID"))?,
-            _ => String::new(),
-        };
+        let node_uid = self.cluster.node_uid()?;
         Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid })
+    }
+
+    /// The ConfigMap the record is published to, if any: --rails-configmap,
+    /// else configMapName from --rails-config where a cluster is configured.
+    pub fn configmap(&self) -> Result<Option<cluster::ConfigMapRef>> {
+        let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
+        self.cluster.target(config.as_ref().and_then(|c| c.config_map_name.as_deref()))
     }
 }
 
@@ -315,7 +310,12 @@ pub struct PublishArgs {
     #[arg(long, value_name = "FILE")]
     pub rails_file: Option<PathBuf>,
 
-    /// The rail inputs, used with --rails-file.
+    /// With --interval: serve /livez and /readyz on this address (e.g.
+    /// 0.0.0.0:8081); ready while the last pass succeeded.
+    #[arg(long, value_name = "ADDR", requires = "interval")]
+    pub health_addr: Option<std::net::SocketAddr>,
+
+    /// The rail inputs, used with --rails-file or a rail ConfigMap.
     #[command(flatten)]
     pub rails: RailArgs,
 }
@@ -475,10 +475,14 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             let options = r.rails.options(cli.nvidia_smi.as_deref())?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rail_record(cli, &pass, &options)?;
+            if let Some(cm) = r.rails.configmap()? {
+                r.rails.cluster.publish(&cm, &record)?;
+            }
             emit(rails::to_bytes(&record))?;
         }
         Command::Publish(p) => return publish_loop(cli, p),
         Command::Capture(c) => capture(cli, c)?,
+        Command::Observe(o) => o.run()?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -488,10 +492,18 @@ fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
         publish_once(cli, args)?;
         return Ok(ExitCode::SUCCESS);
     };
+    let health = cluster::health::Health::new();
+    if let Some(addr) = args.health_addr {
+        let bound = health.serve(addr).with_context(|| format!("--health-addr {addr}"))?;
+        info!("health endpoints on http://{bound}/livez and /readyz");
+    }
+    health.set_live(true);
     loop {
         // A failed pass keeps everything previously published; the sidecar
-        // carries on and tries again next interval.
-        if let Err(e) = publish_once(cli, args) {
+        // carries on, unready, and tries again next interval.
+        let result = publish_once(cli, args);
+        health.set_ready(result.is_ok());
+        if let Err(e) = result {
             error!("publish pass failed, previous output kept: {e:#}");
         }
         std::thread::sleep(interval);
@@ -530,10 +542,10 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    let rails = match &args.rails_file {
-        Some(file) => publish_rails(cli, &pass, &args.rails, file),
-        None => Ok(()),
-    };
+    let rails = args.rails.configmap().and_then(|cm| match (&args.rails_file, cm) {
+        (None, None) => Ok(()),
+        (file, cm) => publish_rails(cli, &pass, &args.rails, file.as_deref(), cm.as_ref()),
+    });
     cdi.and(rails)
 }
 
@@ -572,14 +584,25 @@ fn rail_record(cli: &Cli, pass: &Pass, options: &rails::Options) -> Result<rails
     rails::build(&root, &pass.record, options)
 }
 
-/// Writes the rail record to `file` if it changed; on failure the previous file stays.
-fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: &Path) -> Result<()> {
+/// Writes the rail record to `file` if it changed, and to this node's key
+/// of the ConfigMap `cm`; on failure the previous file and key stay.
+fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Option<&Path>, cm: Option<&cluster::ConfigMapRef>) -> Result<()> {
+    let kept = match (file, cm) {
+        (Some(f), Some(cm)) => format!("previous {} and key of ConfigMap {cm} kept", f.display()),
+        (Some(f), None) => format!("previous {} kept", f.display()),
+        (None, Some(cm)) => format!("previous key of ConfigMap {cm} kept"),
+        (None, None) => String::new(),
+    };
     let record = args
         .options(cli.nvidia_smi.as_deref())
         .and_then(|o| rail_record(cli, pass, &o))
-        .with_context(|| format!("rail record not built; previous {} kept", file.display()))?;
-    let (dir, name) = folder_and_name(file, "--rails-file")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
-    Ok(())
+        .with_context(|| format!("rail record not built; {kept}"))?;
+    // The file does not wait on the cluster: each fails or succeeds on its own.
+    let written = file.map_or(Ok(()), |file| {
+        let (dir, name) = folder_and_name(file, "--rails-file")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        publish::write_if_changed(dir, name, &rails::to_bytes(&record)).map(drop)
+    });
+    let patched = cm.map_or(Ok(()), |cm| args.cluster.publish(cm, &record));
+    written.and(patched)
 }

@@ -11,6 +11,7 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("
 pub mod capture;
 pub mod cdi;
 pub mod cli;
+pub mod cluster;
 pub mod discover;
 pub mod fabric;
 pub mod labels;

@@ -2,10 +2,14 @@
 //! API does not know, and every container names only flags its binary
 //! accepts (parsed with the binaries' own clap parsers), on paths it mounts.
 
+#[path = "support/apiserver_rbac.rs"]
+mod apiserver_rbac;
+
+use apiserver_rbac::{Attributes, Rbac};
 use clap::Parser;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount, Volume};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use nodefabric::cli::{Cli, Command};
 use nodefabric::plugin::cli::PluginCli;
 use serde_json::Value;
@@ -64,6 +68,9 @@ fn every_manifest_is_a_typed_object_with_only_known_fields() {
             Some("ServiceAccount") => drop(typed::<ServiceAccount>(&f, &v)),
             Some("ClusterRole") => drop(typed::<ClusterRole>(&f, &v)),
             Some("ClusterRoleBinding") => drop(typed::<ClusterRoleBinding>(&f, &v)),
+            Some("Role") => drop(typed::<Role>(&f, &v)),
+            Some("RoleBinding") => drop(typed::<RoleBinding>(&f, &v)),
+            Some("Deployment") => drop(typed::<Deployment>(&f, &v)),
             other => panic!("{f}: unexpected kind {other:?}"),
         }
     }
@@ -153,16 +160,102 @@ fn a_misspelt_field_is_caught() {
     assert_ne!(serde_json::to_value(&obj).unwrap(), v);
 }
 
+/// Every verb RBAC knows, to prove each account may do only what it needs.
+const VERBS: [&str; 8] = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
+
+/// The verbs `sa` may use on one object (or collection, `name` None).
+fn verbs(rbac: &Rbac, sa: (&str, &str), group: &str, resource: &str, ns: Option<&str>, name: Option<&str>) -> Vec<&'static str> {
+    VERBS.into_iter().filter(|v| rbac.allows(sa, &Attributes::new(v, group, resource, ns, name))).collect()
+}
+
 #[test]
-fn the_publisher_account_may_get_nodes_and_nothing_else() {
+fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configmap() {
+    let rbac = Rbac::from_deploy();
     let sa: ServiceAccount = typed("serviceaccount.yaml", &yaml("serviceaccount.yaml"));
-    let role: ClusterRole = typed("clusterrole.yaml", &yaml("clusterrole.yaml"));
-    let binding: ClusterRoleBinding = typed("clusterrolebinding.yaml", &yaml("clusterrolebinding.yaml"));
-    let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0].resources.as_deref(), Some(&["nodes".to_string()][..]));
-    assert_eq!(rules[0].verbs, ["get"]);
-    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
-    let subject = &binding.subjects.unwrap()[0];
-    assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), (sa.metadata.name.as_deref().unwrap(), sa.metadata.namespace.as_deref()));
+    let me = (sa.metadata.namespace.as_deref().unwrap(), sa.metadata.name.as_deref().unwrap());
+    assert_eq!(verbs(&rbac, me, "", "nodes", None, Some("node-a")), ["get"]);
+    assert_eq!(verbs(&rbac, me, "", "nodes", None, None), ["get"], "no list or watch of nodes");
+    let cm = rails_configmap();
+    assert_eq!(verbs(&rbac, me, "", "configmaps", Some("nodefabric"), Some(&cm)), ["get", "patch"]);
+    assert!(verbs(&rbac, me, "", "configmaps", Some("nodefabric"), Some("other")).is_empty());
+    assert!(verbs(&rbac, me, "", "configmaps", Some("nodefabric"), None).is_empty(), "the broker never creates it");
+    assert!(verbs(&rbac, me, "", "configmaps", Some("default"), Some(&cm)).is_empty());
+    assert!(verbs(&rbac, me, "", "pods", Some("nodefabric"), None).is_empty());
+}
+
+/// The observer's Deployment, parsed.
+fn observer() -> (Deployment, nodefabric::cluster::args::ObserveArgs) {
+    let d: Deployment = typed("observer.yaml", &yaml("observer.yaml"));
+    let c = &d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+    let mut argv = c.command.clone().unwrap();
+    argv.extend(c.args.clone().unwrap_or_default());
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("observer.yaml: {argv:?}: {e}"));
+    let Command::Observe(o) = cli.command else { panic!("observer.yaml must run observe") };
+    (d, o)
+}
+
+/// The shared ConfigMap's name, as the observer is told it.
+fn rails_configmap() -> String {
+    observer().1.rails_configmap.name
+}
+
+#[test]
+fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_its_health_port() {
+    let (d, o) = observer();
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    assert_eq!(o.owner_deployment, d.metadata.name.clone().unwrap(), "--owner-deployment names this Deployment");
+    let ns = d.metadata.namespace.as_deref().unwrap();
+    assert!(o.rails_configmap.namespace.is_none() || o.rails_configmap.namespace.as_deref() == Some(ns));
+    let broker: Role = typed("broker-role.yaml", &yaml("broker-role.yaml"));
+    assert_eq!(broker.rules.unwrap()[0].resource_names.as_deref(), Some(&[o.rails_configmap.name.clone()][..]));
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!((sc.read_only_root_filesystem, sc.allow_privilege_escalation, sc.run_as_non_root), (Some(true), Some(false), Some(true)));
+    assert!(c.resources.as_ref().unwrap().limits.as_ref().is_some_and(|l| l.contains_key("memory")));
+    let port = o.health_addr.expect("--health-addr").port() as i32;
+    let declared = c.ports.iter().flatten().find(|p| p.container_port == port).expect("the health port is declared");
+    for (probe, path) in [(&c.liveness_probe, "/livez"), (&c.readiness_probe, "/readyz")] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
+        assert_eq!(get.path.as_deref(), Some(path));
+        let by_name = matches!(&get.port, k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(n) if Some(n) == declared.name.as_ref());
+        assert!(by_name || get.port == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port), "{path}");
+    }
+
+    // Its account: watch Nodes, read its own Deployment, own ConfigMaps in its namespace; nothing else.
+    let rbac = Rbac::from_deploy();
+    let me = (ns, pod.service_account_name.as_deref().unwrap());
+    assert_eq!(verbs(&rbac, me, "", "nodes", None, None), ["list", "watch"]);
+    assert_eq!(verbs(&rbac, me, "", "nodes", None, Some("node-a")), ["list", "watch"], "no get or write of a Node");
+    assert_eq!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some(&o.owner_deployment)), ["get"]);
+    assert!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some("other")).is_empty());
+    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), None), ["get", "create", "patch"]);
+    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), Some(&o.rails_configmap.name)), ["get", "create", "patch"]);
+    assert!(verbs(&rbac, me, "", "configmaps", Some("kube-system"), None).is_empty());
+    assert!(verbs(&rbac, me, "", "secrets", Some(ns), None).is_empty());
+}
+
+#[test]
+fn the_publisher_probes_match_its_health_address() {
+    for (file, ds) in daemonsets().into_iter().filter(|(f, _)| f == "nodefabric.yaml") {
+        let c = &ds.spec.unwrap().template.spec.unwrap().containers[0];
+        let mut argv = c.command.clone().unwrap();
+        argv.extend(c.args.clone().unwrap_or_default());
+        let Command::Publish(p) = Cli::try_parse_from(&argv).unwrap().command else { panic!("{file}") };
+        let port = p.health_addr.expect("--health-addr").port() as i32;
+        assert!(c.ports.iter().flatten().any(|p| p.container_port == port), "{file}");
+        for probe in [&c.liveness_probe, &c.readiness_probe] {
+            assert!(probe.as_ref().and_then(|p| p.http_get.as_ref()).is_some(), "{file}: an HTTP probe");
+        }
+    }
+}
+
+#[test]
+fn rbac_evaluation_is_not_vacuous() {
+    // A request for another verb, group or namespace is refused: the checks above can fail.
+    let rbac = Rbac::from_deploy();
+    assert!(rbac.allows(("nodefabric", "nodefabric"), &Attributes::new("get", "", "nodes", None, Some("n"))));
+    assert!(!rbac.allows(("nodefabric", "nodefabric"), &Attributes::new("get", "apps", "nodes", None, Some("n"))));
+    assert!(!rbac.allows(("other", "nodefabric"), &Attributes::new("get", "", "nodes", None, Some("n"))));
 }

@@ -552,125 +552,13 @@ fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
     assert_eq!(leftovers, ["rails.json"], "no temp file left behind");
 }
 
-// ---- nodeUID from the Node object, in-cluster -------------------------------
-
-/// A stand-in API server on 127.0.0.1 over TLS (tests/data/tls): answers
-/// `GET /api/v1/nodes/node-a` with a UID for the right bearer token, 403 for
-/// another token and 404 for another node. Serves `n` connections, then stops.
-fn api_server(n: usize) -> (u16, std::thread::JoinHandle<Vec<String>>) {
-    use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
-    use std::io::{BufRead, BufReader, Write};
-    let certs = vec![CertificateDer::from_pem_file(data("tls/server.crt")).unwrap()];
-    let key = PrivateKeyDer::from_pem_file(data("tls/server.key")).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let config = std::sync::Arc::new(config);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let handle = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        for _ in 0..n {
-            let (tcp, _) = listener.accept().unwrap();
-            tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-                .unwrap();
-            let conn = rustls::ServerConnection::new(config.clone()).unwrap();
-            let mut tls = BufReader::new(rustls::StreamOwned::new(conn, tcp));
-            let mut request = String::new();
-            let mut auth = String::new();
-            loop {
-                let mut line = String::new();
-                if tls.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if request.is_empty() {
-                    request = line.trim().to_string();
-                } else if let Some(v) = line
-                    .strip_prefix("authorization: ")
-                    .or_else(|| line.strip_prefix("Authorization: "))
-                {
-                    auth = v.trim().to_string();
-                }
-            }
-            let (status, body) = match (request.as_str(), auth.as_str()) {
-                (_, a) if a != "Bearer sa-token" => ("403 Forbidden", "{}".to_string()),
-                ("GET /api/v1/nodes/node-a HTTP/1.1", _) => {
-                    ("200 OK", json!({"kind": "Node", "metadata": {"name": "node-a", "uid": "5f1c2e9a-0000-4000-8000-00000000000a"}}).to_string())
-                }
-                _ => ("404 Not Found", "{}".to_string()),
-            };
-            let stream = tls.get_mut();
-            write!(stream, "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).unwrap();
-            stream.flush().unwrap();
-            stream.conn.send_close_notify();
-            let _ = stream.flush();
-            seen.push(request);
-        }
-        seen
-    });
-    (port, handle)
-}
+// ---- nodeUID ------------------------------------------------------------------
+// Read from the Node object through the cluster client: tests/cluster.rs.
 
 #[test]
-fn in_cluster_the_node_uid_comes_from_the_node_object() {
+fn node_uid_given_on_the_command_line_is_recorded_without_a_cluster() {
     let n = Node::new();
-    let sa = n.dir.join("sa");
-    fs::create_dir(&sa).unwrap();
-    fs::copy(data("tls/ca.crt"), sa.join("ca.crt")).unwrap();
-    fs::write(sa.join("token"), "sa-token\n").unwrap();
     let f = flags(&n.lldp(&ALL_RAIL_PORTS));
-    let (port, server) = api_server(3);
-    let run = |node: &str| {
-        let mut a = args(&f);
-        a.extend([
-            "--sysfs-paths",
-            "--service-account-dir",
-            sa.to_str().unwrap(),
-            "--node-name",
-            node,
-        ]);
-        Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-            .args(["rails", "--sysfs-root"])
-            .arg(&n.root)
-            .args(&a)
-            .env("PATH", "/nonexistent")
-            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-            .env("KUBERNETES_SERVICE_PORT", port.to_string())
-            .output()
-            .unwrap()
-    };
-    let r: Value = serde_json::from_str(&ok(run("node-a"))).unwrap();
-    assert_eq!(r["nodeUID"], "5f1c2e9a-0000-4000-8000-00000000000a");
-    // A node the API does not know: the pass fails and says what to check.
-    let o = run("node-b");
-    assert!(!o.status.success());
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("no Node named \"node-b\""),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    // A token the API refuses: the RBAC hint.
-    fs::write(sa.join("token"), "wrong").unwrap();
-    let o = run("node-a");
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("needs `get` on nodes"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(
-        server.join().unwrap(),
-        [
-            "GET /api/v1/nodes/node-a HTTP/1.1",
-            "GET /api/v1/nodes/node-b HTTP/1.1",
-            "GET /api/v1/nodes/node-a HTTP/1.1"
-        ]
-    );
-    // --node-uid wins and asks nothing.
     let mut a = args(&f);
     a.extend([
         "--sysfs-paths",

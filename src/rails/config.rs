@@ -4,7 +4,7 @@
 //!
 //! ```yaml
 //! enabled: true
-//! configMapName: topograph-nic-rails        # used by a cluster publisher, not here
+//! configMapName: topograph-nic-rails        # the shared ConfigMap (--rails-configmap) in a cluster
 //! railSource:
 //!   name: host-lldp
 //!   hostLLDP:
@@ -31,7 +31,8 @@ pub struct RailConfig {
     /// Whether the mapping runs at all; `false` makes `rails` refuse to run.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The cluster ConfigMap a publisher patches (not used node-locally).
+    /// The shared ConfigMap the broker patches (`--rails-configmap` wins),
+    /// in the pod's namespace; used only where a cluster is configured.
     #[serde(default)]
     pub config_map_name: Option<String>,
     /// Where rails come from.

@@ -11,7 +11,6 @@
 
 pub mod config;
 pub mod lldp;
-pub mod node;
 pub mod nvsmi;
 pub mod select;
 pub mod topo;

@@ -1,0 +1,187 @@
+//! The command-line face of the cluster half: the broker's flags (on `rails`
+//! and `publish`) and `nodefabric observe`, with the glue from the
+//! synchronous command line into the async client.
+
+use super::broker::{self, Publication};
+use super::health::Health;
+use super::{block_on, node, observer, ClusterError, ConfigMapRef, SERVICE_ACCOUNT_DIR};
+use crate::rails::RailRecord;
+use clap::Args;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The broker's flags: who this node is, and the shared ConfigMap.
+#[derive(Debug, Args, Clone)]
+pub struct BrokerArgs {
+    /// The Node object's UID, recorded so the observer can tell a replaced
+    /// node that reuses a name. With --node-name and a cluster to ask
+    /// (KUBECONFIG, or in a pod) it is read from the Node instead.
+    #[arg(
+        long,
+        value_name = "UID",
+        env = "NODEFABRIC_NODE_UID",
+        default_value = ""
+    )]
+    pub node_uid: String,
+
+    /// This node's name: its key in the shared ConfigMap, and the Node whose
+    /// UID the record carries (set NODE_NAME from the downward API's spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Also publish the record under key --node-name of this ConfigMap
+    /// (NAME in the pod's namespace, or NAMESPACE/NAME), patching only that
+    /// key; an empty rail result removes it. The Node Observer creates the
+    /// ConfigMap. Default: configMapName from --rails-config, when a cluster
+    /// is configured (KUBECONFIG, or in a pod).
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_configmap)]
+    pub rails_configmap: Option<ConfigMapRef>,
+
+    /// The service-account folder (token, ca.crt, namespace) for the
+    /// in-cluster client; KUBECONFIG, when set, is used instead.
+    #[arg(long, value_name = "DIR", default_value = SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
+
+    /// How long to wait for each answer of the API server before the pass
+    /// fails (nothing is changed then).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub api_timeout: Duration,
+}
+
+impl Default for BrokerArgs {
+    /// The flags' own defaults: no cluster publication.
+    fn default() -> BrokerArgs {
+        BrokerArgs {
+            node_uid: String::new(),
+            node_name: None,
+            rails_configmap: None,
+            service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
+            api_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Parses `--rails-configmap` for clap.
+pub fn parse_configmap(s: &str) -> Result<ConfigMapRef, String> {
+    ConfigMapRef::parse(s).map_err(|e| e.to_string())
+}
+
+impl BrokerArgs {
+    /// The record's `nodeUID`: --node-uid when given; else read from Node
+    /// --node-name when a cluster is configured; else empty (node-local use).
+    pub fn node_uid(&self) -> anyhow::Result<String> {
+        if !self.node_uid.is_empty() {
+            return Ok(self.node_uid.clone());
+        }
+        match &self.node_name {
+            Some(name) if super::configured() => Ok(block_on(async {
+                let client =
+                    super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
+                node::uid(&client, name).await
+            })
+            .map_err(|e| anyhow::Error::new(e).context(format!("reading Node {name}'s UID")))?),
+            _ => Ok(String::new()),
+        }
+    }
+
+    /// The ConfigMap to publish to: --rails-configmap, else `config_name`
+    /// (the config file's configMapName) in the client's namespace when a
+    /// cluster is configured, so the same values file still serves a
+    /// node-local `rails` run on a machine with no cluster.
+    pub fn target(&self, config_name: Option<&str>) -> anyhow::Result<Option<ConfigMapRef>> {
+        let target = match (&self.rails_configmap, config_name) {
+            (Some(cm), _) => Some(cm.clone()),
+            (None, Some(name)) if super::configured() => {
+                Some(ConfigMapRef::parse(name).map_err(|e| anyhow::anyhow!("configMapName: {e}"))?)
+            }
+            (None, _) => None,
+        };
+        if target.is_some() && self.node_name.is_none() {
+            anyhow::bail!("publishing to a ConfigMap needs --node-name (or NODE_NAME): it is the record's key");
+        }
+        Ok(target)
+    }
+
+    /// Patches this node's key of `cm` with `record` (removes it when the
+    /// record has no rail). Any error leaves the ConfigMap as it was.
+    pub fn publish(&self, cm: &ConfigMapRef, record: &RailRecord) -> anyhow::Result<()> {
+        let node = self
+            .node_name
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("publishing to ConfigMap {cm} needs --node-name"))?;
+        let bytes = crate::rails::to_bytes(record);
+        let text = String::from_utf8(bytes).expect("the record is JSON text");
+        let what = if record.nics.is_empty() {
+            Publication::Remove
+        } else {
+            Publication::Record(&text)
+        };
+        block_on(async {
+            let client = super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
+            broker::publish(&client, cm, node, what).await
+        })?;
+        match what {
+            Publication::Remove => {
+                tracing::info!("no rail on this node: key {node} of ConfigMap {cm} removed")
+            }
+            Publication::Record(_) => {
+                tracing::info!("published the rail record under key {node} of ConfigMap {cm}")
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Options of `observe`.
+#[derive(Debug, Clone, Args)]
+pub struct ObserveArgs {
+    /// The shared ConfigMap (NAME in the pod's namespace, or NAMESPACE/NAME).
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_configmap)]
+    pub rails_configmap: ConfigMapRef,
+
+    /// The observer's own Deployment (in the ConfigMap's namespace): the
+    /// ConfigMap's controller ownerReference.
+    #[arg(long, value_name = "NAME")]
+    pub owner_deployment: String,
+
+    /// Reconcile every key this often, besides after each list and on each
+    /// Node deletion or replacement seen.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub resync: Duration,
+
+    /// Serve /livez and /readyz on this address (e.g. 0.0.0.0:8080).
+    #[arg(long, value_name = "ADDR")]
+    pub health_addr: Option<SocketAddr>,
+
+    /// The service-account folder for the in-cluster client; KUBECONFIG,
+    /// when set, is used instead.
+    #[arg(long, value_name = "DIR", default_value = SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
+}
+
+impl ObserveArgs {
+    /// Runs the observer until SIGTERM/SIGINT.
+    pub fn run(&self) -> anyhow::Result<()> {
+        let health = Health::new();
+        if let Some(addr) = self.health_addr {
+            let bound = health
+                .serve(addr)
+                .map_err(|e| anyhow::anyhow!("--health-addr {addr}: {e}"))?;
+            tracing::info!("health endpoints on http://{bound}/livez and /readyz");
+        }
+        let settings = observer::Settings {
+            configmap: self.rails_configmap.clone(),
+            owner_deployment: self.owner_deployment.clone(),
+            resync: self.resync,
+            service_account_dir: self.service_account_dir.clone(),
+            health,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ClusterError::Runtime)?;
+        runtime.block_on(observer::run(settings))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,81 @@
+//! The broker's one write: this node's key of the shared ConfigMap.
+//!
+//! A JSON merge patch `{"data": {"NODE": record}}` (`null` to remove) touches
+//! only that key, so brokers of many nodes patch at once without reading and
+//! rewriting the object. A JSON Patch would not do: `add /data/NODE` is
+//! refused (422) while the ConfigMap has no `data` yet, and `remove` of an
+//! absent key is refused too; a merge patch has neither problem.
+
+use super::{code, ClusterError, ConfigMapRef, CONFIGMAP_LIMIT, FIELD_MANAGER};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// What the broker writes under its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publication<'a> {
+    /// The record's bytes (the JSON `nodefabric rails` prints).
+    Record(&'a str),
+    /// An empty rail result: the key goes (absent already is fine).
+    Remove,
+}
+
+/// Sets (or removes) key `node` of the ConfigMap `cm`; on any error the
+/// ConfigMap is unchanged, since a patch applies whole or not at all.
+pub async fn publish(
+    client: &Client,
+    cm: &ConfigMapRef,
+    node: &str,
+    what: Publication<'_>,
+) -> Result<(), ClusterError> {
+    let cm = cm.resolved(client);
+    let api: Api<ConfigMap> =
+        Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
+    let (value, size) = match what {
+        Publication::Record(r) => (json!(r), node.len() + r.len()),
+        Publication::Remove => (serde_json::Value::Null, 0),
+    };
+    let patch = json!({ "data": { node: value } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let request = format!("PATCH ConfigMap {cm} key {node}");
+    match api.patch(&cm.name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(match code(&e) {
+            Some(404) => ClusterError::NoConfigMap(cm),
+            Some(403) => ClusterError::Forbidden {
+                what: request,
+                needs: format!("`patch` on the ConfigMap {} (resourceNames)", cm.name),
+                message: e.to_string(),
+            },
+            Some(422) if too_long(&e) => ClusterError::TooLarge {
+                cm,
+                node: node.to_string(),
+                size,
+                message: status_message(&e),
+            },
+            _ => ClusterError::api(request, e),
+        }),
+    }
+}
+
+/// Whether a 422 is the size check: the validation cause `FieldValueTooLong`
+/// (or, from a server that sends no causes, its message).
+fn too_long(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else { return false };
+    let by_cause = s
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldValueTooLong"));
+    by_cause || s.message.contains("Too long") || s.message.contains(&CONFIGMAP_LIMIT.to_string())
+}
+
+fn status_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}

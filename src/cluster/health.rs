@@ -1,0 +1,122 @@
+//! Liveness and readiness over HTTP for the long-running parts: the Node
+//! Observer and the interval-mode publisher (`GET /livez`, `GET /readyz`:
+//! 200 `ok`, or 503 naming what is wrong), for the pods' probes.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Shared health flags; cheap to clone, set from anywhere.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    live: Arc<AtomicBool>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Health {
+    /// Both flags false: not live until started, not ready until a pass succeeded.
+    pub fn new() -> Health {
+        Health::default()
+    }
+
+    /// Marks the process live (it has started its work) or not.
+    pub fn set_live(&self, v: bool) {
+        self.live.store(v, Ordering::SeqCst);
+    }
+
+    /// Marks the last pass as succeeded (ready) or failed.
+    pub fn set_ready(&self, v: bool) {
+        self.ready.store(v, Ordering::SeqCst);
+    }
+
+    /// Whether live.
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Whether ready.
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The answer to one probe request.
+    pub fn answer(&self, path: &str) -> (StatusCode, &'static str) {
+        match path {
+            "/livez" | "/healthz" if self.live() => (StatusCode::OK, "ok\n"),
+            "/livez" | "/healthz" => (StatusCode::SERVICE_UNAVAILABLE, "not started\n"),
+            "/readyz" if self.ready() => (StatusCode::OK, "ok\n"),
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the last pass failed or none has finished yet\n",
+            ),
+            _ => (StatusCode::NOT_FOUND, "not found: /livez or /readyz\n"),
+        }
+    }
+
+    /// Binds `addr` now (so a taken port is an error at start) and serves
+    /// probes on a thread of its own for the life of the process.
+    pub fn serve(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let bound = listener.local_addr()?;
+        let health = self.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("health".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => return tracing::error!("health endpoint {bound}: {e}"),
+                    };
+                    loop {
+                        let Ok((tcp, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let health = health.clone();
+                        tokio::spawn(async move {
+                            let service = hyper::service::service_fn(
+                                move |req: Request<hyper::body::Incoming>| {
+                                    let (code, body) = health.answer(req.uri().path());
+                                    let mut resp = Response::new(Full::new(Bytes::from_static(
+                                        body.as_bytes(),
+                                    )));
+                                    *resp.status_mut() = code;
+                                    async move { Ok::<_, std::convert::Infallible>(resp) }
+                                },
+                            );
+                            let io = hyper_util::rt::TokioIo::new(tcp);
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(io, service)
+                                .await;
+                        });
+                    }
+                })
+            })?;
+        Ok(bound)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_follows_the_last_pass_and_liveness_the_start() {
+        let h = Health::new();
+        assert_eq!(h.answer("/livez").0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(h.answer("/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        h.set_live(true);
+        h.set_ready(true);
+        assert_eq!(h.answer("/livez").0, StatusCode::OK);
+        assert_eq!(h.answer("/readyz").0, StatusCode::OK);
+        h.set_ready(false);
+        assert_eq!(h.answer("/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(h.answer("/other").0, StatusCode::NOT_FOUND);
+    }
+}

@@ -1,0 +1,173 @@
+//! The Node Observer: owns the shared ConfigMap and removes records of
+//! deleted or replaced Nodes.
+//!
+//! It watches Node metadata (kube-runtime's watcher: a list, then a watch
+//! from its resourceVersion, re-listing when the watch falls too far
+//! behind). After every complete list it reconciles every key, which cleans
+//! deletions missed while it was down; each Node deletion or UID change seen
+//! on the watch reconciles that one key; a periodic full pass catches
+//! records a broker wrote for a Node already gone.
+
+use super::reconcile::{self, Nodes};
+use super::{owner, ClusterError, ConfigMapRef};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{watcher as watch, WatchStreamExt};
+use kube::{Api, Client};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// What `nodefabric observe` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The shared ConfigMap.
+    pub configmap: ConfigMapRef,
+    /// The observer's own Deployment, in the ConfigMap's namespace.
+    pub owner_deployment: String,
+    /// How often to reconcile every key besides the watch-driven passes.
+    pub resync: Duration,
+    /// The service-account folder for the in-cluster client.
+    pub service_account_dir: PathBuf,
+    /// Readiness: set once the first reconciliation has succeeded.
+    pub health: super::health::Health,
+}
+
+/// Runs until SIGTERM or SIGINT (then `Ok`), or until the ConfigMap cannot
+/// be claimed (an error, with nothing changed).
+pub async fn run(settings: Settings) -> Result<(), ClusterError> {
+    let mut term = signal(SignalKind::terminate()).map_err(ClusterError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ClusterError::Runtime)?;
+    tokio::select! {
+        r = observe(&settings) => r,
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
+    }
+}
+
+async fn observe(settings: &Settings) -> Result<(), ClusterError> {
+    let client = super::connect(&settings.service_account_dir, None).await?;
+    let cm = settings.configmap.resolved(&client);
+    let ns = cm.namespace.clone().unwrap_or_default();
+    let owner = owner::deployment(&client, &ns, &settings.owner_deployment).await?;
+    owner::ensure(&client, &cm, &owner).await?;
+    settings.health.set_live(true);
+
+    let mut events = watch(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut nodes = Nodes::new();
+    let mut listing = Nodes::new();
+    let mut synced = false;
+    let mut resync = tokio::time::interval(settings.resync);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resync.tick().await; // the first tick is immediate; the initial list does that pass
+
+    loop {
+        let event = tokio::select! {
+            e = events.next() => e,
+            _ = resync.tick(), if synced => {
+                pass(&client, &cm, &owner, &nodes, None, settings).await;
+                continue;
+            }
+        };
+        let event = match event {
+            Some(Ok(e)) => e,
+            // The watcher backs off and retries by itself; say why meanwhile.
+            Some(Err(e)) => {
+                tracing::warn!("watching Nodes: {:#}", anyhow::Error::new(e));
+                continue;
+            }
+            None => {
+                return Err(ClusterError::Malformed {
+                    what: "WATCH Nodes".into(),
+                    message: "the watch stream ended".into(),
+                })
+            }
+        };
+        match event {
+            Event::Init => listing.clear(),
+            Event::InitApply(n) => {
+                if let Some((name, uid)) = name_uid(&n.metadata) {
+                    listing.insert(name, uid);
+                }
+            }
+            Event::InitDone => {
+                nodes = std::mem::take(&mut listing);
+                synced = true;
+                tracing::info!(
+                    "Node cache synced ({} Nodes); reconciling every record",
+                    nodes.len()
+                );
+                pass(&client, &cm, &owner, &nodes, None, settings).await;
+            }
+            Event::Apply(n) => {
+                let Some((name, uid)) = name_uid(&n.metadata) else {
+                    continue;
+                };
+                let before = nodes.insert(name.clone(), uid.clone());
+                if synced && before.is_some_and(|b| b != uid) {
+                    pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
+                }
+            }
+            Event::Delete(n) => {
+                let Some((name, _)) = name_uid(&n.metadata) else {
+                    continue;
+                };
+                nodes.remove(&name);
+                if synced {
+                    pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
+                }
+            }
+        }
+    }
+}
+
+/// One reconciliation; failures are logged and mark the observer unready
+/// until a later pass succeeds. A ConfigMap deleted under the observer is
+/// created again.
+async fn pass(
+    client: &Client,
+    cm: &ConfigMapRef,
+    owner: &owner::Owner,
+    nodes: &Nodes,
+    key: Option<&str>,
+    settings: &Settings,
+) {
+    let mut result = reconcile::clean(client, cm, nodes, key).await;
+    if let Err(ClusterError::NoConfigMap(_)) = result {
+        tracing::warn!("ConfigMap {cm} is gone; creating it again");
+        result = match owner::ensure(client, cm, owner).await {
+            Ok(()) => Ok(Default::default()),
+            Err(e) => Err(e),
+        };
+    }
+    match result {
+        Ok(out) => {
+            if key.is_none() {
+                settings.health.set_ready(true);
+            }
+            tracing::debug!(
+                "reconciled {}: removed {:?}, changed meanwhile {:?}",
+                key.unwrap_or("every key"),
+                out.removed,
+                out.changed
+            );
+        }
+        Err(e) => {
+            settings.health.set_ready(false);
+            tracing::error!("reconciling ConfigMap {cm}: {:#}", anyhow::Error::new(e));
+        }
+    }
+}
+
+fn name_uid(
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<(String, String)> {
+    Some((m.name.clone()?, m.uid.clone()?))
+}

@@ -1,0 +1,1043 @@
+//! The cluster-wide rail record, end to end: the real `nodefabric` binary as
+//! broker (`rails`/`publish` with --rails-configmap) and as Node Observer
+//! (`observe`), against the in-test API server (tests/support/apiserver.rs)
+//! over TLS with a bearer token. Seed 001's list: concurrent publication,
+//! observer restart, ownership conflicts, Node-name reuse; plus the faults
+//! a broker must survive without changing the ConfigMap.
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+#[path = "support/apiserver_rbac.rs"]
+mod apiserver_rbac;
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+use apiserver::{Action, ApiServer, TOKEN};
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NS: &str = "nodefabric";
+// The names deploy/ uses: the RBAC there grants exactly these.
+const CM: &str = "nodefabric-rails";
+const CM_PATH: &str = "/api/v1/namespaces/nodefabric/configmaps/nodefabric-rails";
+const OWNER: &str = "nodefabric-observer";
+const RAIL_PORTS: [&str; 8] = [
+    "eth_r0_p0",
+    "eth_r0_p1",
+    "eth_r1_p0",
+    "eth_r1_p1",
+    "eth_r2_p0",
+    "eth_r2_p1",
+    "eth_r3_p0",
+    "eth_r3_p1",
+];
+
+/// A test's world: an API server, a fixture node tree, a kubeconfig.
+struct World {
+    api: ApiServer,
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    root: PathBuf,
+    /// The administrator (any request).
+    kubeconfig: PathBuf,
+    /// The publisher DaemonSet's ServiceAccount, under deploy/'s RBAC.
+    broker_kubeconfig: PathBuf,
+    /// The observer Deployment's ServiceAccount, under deploy/'s RBAC.
+    observer_kubeconfig: PathBuf,
+}
+
+impl World {
+    fn new() -> World {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let root = dir.join("sys");
+        fixtures::gpu8_named(&root, |i, _| format!("eth_r{}_p{}", i / 2, i % 2));
+        let api = ApiServer::start();
+        let kubeconfig = api.kubeconfig(&dir, TOKEN, NS);
+        let broker_kubeconfig = api.kubeconfig(&dir, &api.account_token(NS, "nodefabric"), NS);
+        let observer_kubeconfig = api.kubeconfig(&dir, &api.account_token(NS, OWNER), NS);
+        let w = World {
+            api,
+            _tmp: tmp,
+            dir,
+            root,
+            kubeconfig,
+            broker_kubeconfig,
+            observer_kubeconfig,
+        };
+        w.lldp("lldp.json", &RAIL_PORTS);
+        w.lldp("none.json", &[]);
+        w
+    }
+
+    /// An lldpctl-shaped neighbour table listing `ifaces`.
+    fn lldp(&self, name: &str, ifaces: &[&str]) -> PathBuf {
+        let list: Vec<Value> = ifaces
+            .iter()
+            .map(|i| json!({ *i: {"via": "LLDP", "rid": "1"} }))
+            .collect();
+        let p = self.dir.join(name);
+        fs::write(
+            &p,
+            serde_json::to_vec(&json!({"lldp": {"interface": list}})).unwrap(),
+        )
+        .unwrap();
+        p
+    }
+
+    fn nodefabric(&self) -> Command {
+        self.nodefabric_as(&self.kubeconfig)
+    }
+
+    fn nodefabric_as(&self, kubeconfig: &Path) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+        c.env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("NODE_NAME")
+            .env_remove("NODEFABRIC_NODE_UID")
+            .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
+            .env("PATH", "/nonexistent");
+        c
+    }
+
+    /// `nodefabric rails` for node `node` with the given LLDP table, under the broker's account.
+    fn rails(&self, node: &str, lldp: &str) -> Command {
+        let mut c = self.nodefabric_as(&self.broker_kubeconfig);
+        c.args(["rails", "--sysfs-root"])
+            .arg(&self.root)
+            .arg("--lldp-json")
+            .arg(self.dir.join(lldp));
+        c.args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+            "--node-name",
+            node,
+        ]);
+        c
+    }
+
+    /// The same as node `node`'s broker.
+    fn broker(&self, node: &str, lldp: &str) -> Command {
+        let mut c = self.rails(node, lldp);
+        c.args(["--rails-configmap", &format!("{NS}/{CM}")]);
+        c
+    }
+
+    fn observer(&self, log: &str) -> Child {
+        let stderr = fs::File::create(self.dir.join(log)).unwrap();
+        self.observe()
+            .args(["--log-level", "debug"])
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    }
+
+    /// `nodefabric observe` under the observer's account.
+    fn observe(&self) -> Command {
+        let mut c = self.nodefabric_as(&self.observer_kubeconfig);
+        c.args([
+            "observe",
+            "--rails-configmap",
+            &format!("{NS}/{CM}"),
+            "--owner-deployment",
+            OWNER,
+        ]);
+        c
+    }
+
+    fn read_log(&self, log: &str) -> String {
+        fs::read_to_string(self.dir.join(log)).unwrap_or_default()
+    }
+
+    /// A ConfigMap owned by Deployment observer, as the observer makes it.
+    fn owned_configmap(&self, data: Value) {
+        let uid = self.api.add_deployment(NS, OWNER);
+        let refs = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNER, "uid": uid, "controller": true}]);
+        self.api.put_configmap(
+            NS,
+            CM,
+            json!({"metadata": {"ownerReferences": refs}, "data": data}),
+        );
+    }
+
+    fn data(&self) -> std::collections::BTreeMap<String, String> {
+        self.api.data(NS, CM).expect("the ConfigMap exists")
+    }
+
+    fn record_uid(&self, node: &str) -> Option<String> {
+        let v: Value = serde_json::from_str(self.data().get(node)?).unwrap();
+        Some(v["nodeUID"].as_str().unwrap().to_string())
+    }
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn failed(o: Output) -> String {
+    assert!(
+        !o.status.success(),
+        "expected a failure: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Waits for `cond` (the observer works asynchronously); fails naming `what`
+/// after a generous deadline, which is a hang guard, not a measurement.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sigterm(child: &mut Child) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    child.wait().unwrap()
+}
+
+fn patches(api: &ApiServer) -> Vec<apiserver::Logged> {
+    api.log()
+        .into_iter()
+        .filter(|l| l.method == "PATCH" && l.path == CM_PATH)
+        .collect()
+}
+
+// ---- the Node read ----------------------------------------------------------
+
+#[test]
+fn node_uid_comes_from_the_node_through_kubeconfig_or_the_service_account() {
+    let w = World::new();
+    let uid = w.api.add_node("node-a");
+    let rails = |extra: &[&str], env: &[(&str, String)]| {
+        let mut c = w.nodefabric();
+        c.args(["rails", "--sysfs-root"])
+            .arg(&w.root)
+            .arg("--lldp-json")
+            .arg(w.dir.join("lldp.json"));
+        c.args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+        ])
+        .args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let r: Value = serde_json::from_str(&ok(rails(&["--node-name", "node-a"], &[]))).unwrap();
+    assert_eq!(r["nodeUID"], uid.as_str());
+
+    // In a pod: no KUBECONFIG, the service-account folder and the service variables.
+    let sa = w.dir.join("sa");
+    fs::create_dir(&sa).unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls/ca.crt"),
+        sa.join("ca.crt"),
+    )
+    .unwrap();
+    fs::write(sa.join("token"), TOKEN).unwrap(); // as kubelet mounts it: no newline
+    let pod = [
+        ("KUBECONFIG", String::new()),
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+        ("KUBERNETES_SERVICE_PORT", w.api.port.to_string()),
+    ];
+    let sa_flag = ["--service-account-dir", sa.to_str().unwrap()];
+    let r: Value = serde_json::from_str(&ok(rails(
+        &[&sa_flag[..], &["--node-name", "node-a"]].concat(),
+        &pod,
+    )))
+    .unwrap();
+    assert_eq!(r["nodeUID"], uid.as_str());
+
+    // A Node the API does not know: the pass fails and says what to check.
+    let e = failed(rails(&["--node-name", "node-b"], &[]));
+    assert!(
+        e.contains("no Node named \"node-b\"") && e.contains("spec.nodeName"),
+        "{e}"
+    );
+    // A token the API refuses.
+    fs::write(sa.join("token"), "wrong").unwrap();
+    let e = failed(rails(
+        &[&sa_flag[..], &["--node-name", "node-a"]].concat(),
+        &pod,
+    ));
+    assert!(e.contains("Node node-a") && e.contains("401"), "{e}");
+    // --node-uid wins and asks nothing.
+    let before = w.api.log().len();
+    let r: Value = serde_json::from_str(&ok(rails(
+        &["--node-name", "node-a", "--node-uid", "given"],
+        &[],
+    )))
+    .unwrap();
+    assert_eq!(
+        (r["nodeUID"].as_str(), w.api.log().len()),
+        (Some("given"), before)
+    );
+}
+
+// ---- the broker -------------------------------------------------------------
+
+#[test]
+fn concurrent_publication_every_broker_key_lands_none_lost() {
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    let nodes: Vec<(String, String)> = (0..12)
+        .map(|i| format!("gpu-{i:02}"))
+        .map(|n| (n.clone(), w.api.add_node(&n)))
+        .collect();
+    let children: Vec<_> = nodes
+        .iter()
+        .map(|(n, _)| {
+            w.broker(n, "lldp.json")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let printed: Vec<String> = children
+        .into_iter()
+        .map(|c| ok(c.wait_with_output().unwrap()))
+        .collect();
+    let data = w.data();
+    assert_eq!(
+        data.keys().cloned().collect::<Vec<_>>(),
+        nodes.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
+    );
+    for ((node, uid), out) in nodes.iter().zip(&printed) {
+        assert_eq!(
+            &data[node], out,
+            "the key holds exactly what `rails` prints"
+        );
+        assert_eq!(w.record_uid(node).as_deref(), Some(uid.as_str()));
+    }
+    // Each broker sent one merge patch of its own key and never read or rewrote the object.
+    let sent = patches(&w.api);
+    assert_eq!(sent.len(), nodes.len());
+    for p in &sent {
+        assert_eq!(p.content_type, "application/merge-patch+json");
+        let body: Value = serde_json::from_str(&p.body).unwrap();
+        assert_eq!(
+            body.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["data"]
+        );
+        assert_eq!(body["data"].as_object().unwrap().len(), 1);
+    }
+    assert!(
+        !w.api
+            .log()
+            .iter()
+            .any(|l| l.path == CM_PATH && l.method != "PATCH"),
+        "no GET/PUT of the ConfigMap"
+    );
+}
+
+#[test]
+fn missing_configmap_fails_the_broker_and_names_the_observer() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(
+        e.contains("ConfigMap nodefabric/nodefabric-rails does not exist")
+            && e.contains("nodefabric observe"),
+        "{e}"
+    );
+    assert!(w.api.data(NS, CM).is_none(), "the broker never creates it");
+}
+
+#[test]
+fn injected_500_on_the_patch_keeps_the_previous_record_and_fails_the_pass() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous", "node-b": "other"}));
+    w.api.add_node("node-a");
+    w.api.fault("PATCH", CM_PATH, Action::Respond(500));
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(
+        e.contains("PATCH ConfigMap nodefabric/nodefabric-rails key node-a") && e.contains("500"),
+        "{e}"
+    );
+    assert_eq!(w.data()["node-a"], "previous");
+    assert_eq!(w.data()["node-b"], "other");
+    // The next pass succeeds.
+    ok(w.broker("node-a", "lldp.json").output().unwrap());
+    assert_ne!(w.data()["node-a"], "previous");
+}
+
+#[test]
+fn discovery_error_changes_nothing_in_the_configmap() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    fs::write(w.dir.join("broken.json"), "{\"lldp\": ").unwrap();
+    failed(w.broker("node-a", "broken.json").output().unwrap());
+    assert_eq!(w.data()["node-a"], "previous");
+    assert!(patches(&w.api).is_empty());
+}
+
+#[test]
+fn empty_rail_result_removes_the_key_and_an_absent_key_is_fine() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous", "node-b": "other"}));
+    w.api.add_node("node-a");
+    let printed: Value =
+        serde_json::from_str(&ok(w.broker("node-a", "none.json").output().unwrap())).unwrap();
+    assert_eq!(printed["nics"], json!({}));
+    assert_eq!(w.data().keys().collect::<Vec<_>>(), ["node-b"]);
+    ok(w.broker("node-a", "none.json").output().unwrap());
+    // The last key going leaves no `data` at all (the real server stores no empty map).
+    w.api.with(|s| s.set_configmap_key(NS, CM, "node-b", "x"));
+    w.api.add_node("node-b");
+    ok(w.broker("node-b", "none.json").output().unwrap());
+    ok(w.broker("node-a", "lldp.json").output().unwrap());
+    assert_eq!(
+        w.data().keys().collect::<Vec<_>>(),
+        ["node-a"],
+        "a key can be added again to a ConfigMap without data"
+    );
+}
+
+#[test]
+fn record_refused_for_size_names_the_limit_and_the_record_size() {
+    let w = World::new();
+    let filler = "x".repeat(apiserver::LIMIT - 200);
+    w.owned_configmap(json!({ "filler": filler }));
+    w.api.add_node("node-a");
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    let size = "node-a".len() + ok(w.rails("node-a", "lldp.json").output().unwrap()).len();
+    assert!(
+        e.contains("1048576 bytes (1 MiB)")
+            && e.contains(&format!("Node node-a ({size} bytes)"))
+            && e.contains("previous record is kept"),
+        "{e}"
+    );
+    assert!(!w.data().contains_key("node-a"));
+    assert_eq!(w.data()["filler"].len(), filler.len());
+}
+
+// ---- the Node Observer -------------------------------------------------------
+
+/// A record as a broker of Node `uid` would write it (only nodeUID matters to the observer).
+fn record(uid: &str) -> String {
+    format!("{{\"nodeUID\":\"{uid}\",\"version\":\"rails.nodefabric.gpustack.ai/v1\"}}")
+}
+
+#[test]
+fn observer_creates_the_configmap_with_a_controller_owner_reference_and_exits_0_on_sigterm() {
+    let w = World::new();
+    let uid = w.api.add_deployment(NS, OWNER);
+    let mut obs = w.observer("observer.log");
+    eventually("the observer created the ConfigMap", || {
+        w.api.configmap(NS, CM).is_some()
+    });
+    let cm = w.api.configmap(NS, CM).unwrap();
+    assert_eq!(
+        cm["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNER, "uid": uid, "controller": true}])
+    );
+    assert!(cm.get("data").is_none());
+    // A broker can publish into it straight away.
+    w.api.add_node("node-a");
+    ok(w.broker("node-a", "lldp.json").output().unwrap());
+    let status = sigterm(&mut obs);
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        w.read_log("observer.log")
+    );
+    // A restart adopts its own ConfigMap and changes nothing.
+    let before = w.api.configmap(NS, CM).unwrap();
+    let mut obs = w.observer("observer2.log");
+    eventually("the restarted observer synced", || {
+        w.read_log("observer2.log")
+            .contains("reconciling every record")
+    });
+    assert_eq!(w.api.configmap(NS, CM).unwrap(), before);
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn ownership_conflict_an_unrelated_same_named_configmap_is_not_adopted() {
+    let w = World::new();
+    w.api.add_deployment(NS, OWNER);
+    w.api.add_node("node-a");
+    w.api.put_configmap(NS, CM, json!({"metadata": {"labels": {"app": "someone-else"}}, "data": {"node-gone": record("u-x")}}));
+    let before = w.api.configmap(NS, CM).unwrap();
+    let o = w.observe().output().unwrap();
+    let e = failed(o);
+    assert!(e.contains("ConfigMap nodefabric/nodefabric-rails exists and is not controlled by Deployment nodefabric/nodefabric-observer") && e.contains("refusing to adopt"), "{e}");
+    assert_eq!(w.api.configmap(NS, CM).unwrap(), before, "nothing modified");
+    assert!(!w.api.log().iter().any(|l| l.method != "GET"), "only reads");
+
+    // Controlled by another Deployment (or an earlier one of the same name): refused too.
+    w.api.put_configmap(NS, CM, json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNER, "uid": "old-uid", "controller": true}]}}));
+    let e = failed(w.observe().output().unwrap());
+    assert!(
+        e.contains("its controller is Deployment nodefabric-observer (uid old-uid)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn observer_without_its_deployment_fails_naming_it() {
+    let w = World::new();
+    let e = failed(w.observe().output().unwrap());
+    assert!(
+        e.contains("Deployment nodefabric/nodefabric-observer") && e.contains("--owner-deployment"),
+        "{e}"
+    );
+    assert!(w.api.configmap(NS, CM).is_none());
+}
+
+#[test]
+fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
+    let w = World::new();
+    let (a, b, c) = (
+        w.api.add_node("a"),
+        w.api.add_node("b"),
+        w.api.add_node("c"),
+    );
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b), "c": record(&c)}));
+    let mut obs = w.observer("observer.log");
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    assert_eq!(
+        w.data().len(),
+        3,
+        "every record is current: nothing removed"
+    );
+
+    w.api.touch_node("a"); // an ordinary update: no reconciliation
+    w.api.delete_node("b");
+    eventually("b's record is removed", || !w.data().contains_key("b"));
+    // c is replaced: a new UID under the same name; its broker has not written yet.
+    w.api.add_node("c");
+    eventually("c's stale record is removed", || {
+        !w.data().contains_key("c")
+    });
+    assert_eq!(w.data().keys().collect::<Vec<_>>(), ["a"]);
+    // Every removal was a test-and-remove of the exact value read.
+    let removals: Vec<Value> = patches(&w.api)
+        .iter()
+        .map(|p| serde_json::from_str(&p.body).unwrap())
+        .collect();
+    assert_eq!(
+        removals[0],
+        json!([{"op": "test", "path": "/data/b", "value": record(&b)}, {"op": "remove", "path": "/data/b"}])
+    );
+    assert!(patches(&w.api)
+        .iter()
+        .all(|p| p.content_type == "application/json-patch+json"));
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn observer_restart_cleans_deletions_missed_while_it_was_down() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b), "never-a-node": record("u-z")}));
+    let mut obs = w.observer("observer.log");
+    eventually(
+        "the first reconciliation removed the record of a Node that does not exist",
+        || !w.data().contains_key("never-a-node"),
+    );
+    assert!(sigterm(&mut obs).success());
+
+    // While it is down: b deleted, a replaced.
+    w.api.delete_node("b");
+    w.api.add_node("a");
+    w.api.compact(); // the history is gone too: only the list tells
+    let mut obs = w.observer("observer2.log");
+    eventually("both stale records are removed after the restart", || {
+        w.data().is_empty()
+    });
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn node_name_reuse_a_replacement_record_written_before_the_observer_sees_the_deletion_stays() {
+    let w = World::new();
+    let old = w.api.add_node("x");
+    w.owned_configmap(json!({"x": record(&old)}));
+    let mut obs = w.observer("observer.log");
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+
+    // The observer sees nothing while x is deleted, re-created and its new broker publishes.
+    w.api.pause_watches();
+    w.api.delete_node("x");
+    let new = w.api.add_node("x");
+    ok(w.broker("x", "lldp.json").output().unwrap());
+    assert_eq!(w.record_uid("x").as_deref(), Some(new.as_str()));
+    w.api.resume_watches();
+    // The observer handles the old Node's deletion: it checks Node x as it is now, and keeps the record.
+    eventually("the observer judged x's record", || {
+        w.read_log("observer.log")
+            .contains("Node x is current, record kept")
+            || !w.data().contains_key("x")
+    });
+    assert_eq!(
+        w.record_uid("x").as_deref(),
+        Some(new.as_str()),
+        "the replacement record stays"
+    );
+    assert!(
+        patches(&w.api)
+            .iter()
+            .all(|p| p.content_type != "application/json-patch+json"),
+        "no removal attempted"
+    );
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observer_carries_on() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
+    let mut obs = w.observer("observer.log");
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    // Just before the observer's removal lands, someone writes a new value under b.
+    w.api.fault(
+        "PATCH",
+        CM_PATH,
+        Action::Before(Box::new(|s| s.set_configmap_key(NS, CM, "b", "rewritten"))),
+    );
+    w.api.delete_node("b");
+    eventually("the removal was refused", || {
+        patches(&w.api).iter().any(|p| p.status == 422)
+    });
+    assert_eq!(
+        w.data()["b"],
+        "rewritten",
+        "the test failed, so nothing was removed"
+    );
+    // Still running and still working.
+    w.api.delete_node("a");
+    eventually("a's record is removed", || !w.data().contains_key("a"));
+    assert!(
+        w.read_log("observer.log")
+            .contains("changed since it was read"),
+        "{}",
+        w.read_log("observer.log")
+    );
+    assert!(sigterm(&mut obs).success());
+}
+
+// ---- RBAC (deploy/) and health ----------------------------------------------
+
+#[test]
+fn rbac_the_broker_may_patch_only_the_named_configmap() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    w.api
+        .put_configmap(NS, "other", json!({"data": {"keep": "me"}}));
+    let mut c = w.rails("node-a", "lldp.json");
+    c.args(["--rails-configmap", &format!("{NS}/other")]);
+    let e = failed(c.output().unwrap());
+    assert!(
+        e.contains("forbidden") && e.contains("`patch` on the ConfigMap other"),
+        "{e}"
+    );
+    assert_eq!(w.api.data(NS, "other").unwrap().len(), 1);
+    // The observer's account may not patch Nodes' keys as a broker would elsewhere either: a namespace it has no Role in.
+    let mut c = w.nodefabric_as(&w.observer_kubeconfig);
+    c.args([
+        "observe",
+        "--rails-configmap",
+        "kube-system/rails",
+        "--owner-deployment",
+        OWNER,
+    ]);
+    let e = failed(c.output().unwrap());
+    assert!(
+        e.contains("forbidden") && e.contains("`get` on the Deployment"),
+        "{e}"
+    );
+}
+
+/// `GET path` on a health endpoint: the status code, or `None` while nothing listens.
+fn probe(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split(' ').nth(1)?.parse().ok()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let port = free_port();
+    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+    c.args(["publish", "--sysfs-root"]).arg(&w.root);
+    for (flag, dir) in [
+        ("--features-dir", "f"),
+        ("--cdi-dir", "cdi"),
+        ("--state-dir", "s"),
+    ] {
+        c.arg(flag).arg(w.dir.join(dir));
+    }
+    c.args([
+        "--interval",
+        "1s",
+        "--health-addr",
+        &format!("127.0.0.1:{port}"),
+        "--lldp-json",
+    ])
+    .arg(w.dir.join("lldp.json"));
+    c.args([
+        "--interface-regex",
+        "^eth_r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+        "--sysfs-paths",
+        "--node-name",
+        "node-a",
+    ]);
+    c.args(["--rails-configmap", CM]); // the namespace is the account's (the kubeconfig context's)
+    let mut publisher = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the publisher answers probes", || {
+        probe(port, "/livez") == Some(200)
+    });
+    // No ConfigMap yet: every pass fails, the labels are still written.
+    eventually("a pass failed", || {
+        patches(&w.api).iter().any(|p| p.status == 404)
+    });
+    assert_eq!(probe(port, "/readyz"), Some(503));
+    assert!(
+        w.dir.join("f/nodefabric").exists(),
+        "labels do not wait for the cluster"
+    );
+    w.owned_configmap(json!({}));
+    eventually("the record is published", || {
+        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
+    });
+    eventually("the publisher is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
+
+#[test]
+fn observer_is_ready_once_its_first_reconciliation_succeeded() {
+    let w = World::new();
+    w.api.add_deployment(NS, OWNER);
+    let port = free_port();
+    let mut obs = w
+        .observe()
+        .args(["--health-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the observer is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    assert_eq!(probe(port, "/livez"), Some(200));
+    assert_eq!(probe(port, "/metrics"), Some(404));
+    assert!(sigterm(&mut obs).success());
+    assert!(
+        !w.api.log().iter().any(|l| l.status == 403),
+        "deploy/'s RBAC covers every request the observer makes"
+    );
+}
+
+#[test]
+fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    w.api.add_node("node-a");
+    let values = w.dir.join("values.yaml");
+    let yaml = "nodeMetadata:\n  plugins:\n    gpuNicRailMapping:\n      enabled: true\n      configMapName: nodefabric-rails\n      railSource:\n        name: host-lldp\n        hostLLDP:\n          interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'\n          railID: 'rail$1'\n      gpuSource:\n        gpuOperatorNamespace: gpu-operator\n        daemonSet: nvidia-device-plugin-daemonset\n";
+    fs::write(&values, yaml).unwrap();
+    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+    c.args(["rails", "--sysfs-root"])
+        .arg(&w.root)
+        .arg("--lldp-json")
+        .arg(w.dir.join("lldp.json"));
+    c.args(["--sysfs-paths", "--node-name", "node-a", "--rails-config"])
+        .arg(&values);
+    let printed = ok(c.output().unwrap());
+    assert_eq!(w.data()["node-a"], printed);
+    // Without --node-name there is no key to write: refused before anything is sent.
+    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+    c.args(["rails", "--sysfs-root"])
+        .arg(&w.root)
+        .arg("--lldp-json")
+        .arg(w.dir.join("lldp.json"));
+    c.args(["--sysfs-paths", "--rails-config"]).arg(&values);
+    let e = failed(c.output().unwrap());
+    assert!(e.contains("needs --node-name"), "{e}");
+}
+
+// ---- hostile API servers ------------------------------------------------------
+
+#[test]
+fn hung_api_server_fails_the_broker_within_its_timeout_and_changes_nothing() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    w.api.fault("PATCH", CM_PATH, Action::Hang);
+    let e = failed(
+        w.broker("node-a", "lldp.json")
+            .args(["--api-timeout", "1s"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        e.contains("PATCH ConfigMap nodefabric/nodefabric-rails key node-a"),
+        "{e}"
+    );
+    assert_eq!(w.data()["node-a"], "previous");
+    // A hung Node read fails the pass the same way, before anything is written.
+    w.api.fault("GET", "/api/v1/nodes/node-a", Action::Hang);
+    let e = failed(
+        w.broker("node-a", "lldp.json")
+            .args(["--api-timeout", "1s"])
+            .output()
+            .unwrap(),
+    );
+    assert!(e.contains("Node node-a"), "{e}");
+    assert_eq!(w.data()["node-a"], "previous");
+}
+
+#[test]
+fn malformed_api_answers_fail_the_pass_naming_the_request() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    for (body, code) in [
+        ("not json at all", 200),
+        ("{\"kind\": \"Status\"", 500),
+        ("", 502),
+        ("{\"metadata\": {}}", 200),
+    ] {
+        w.api
+            .fault("GET", "/api/v1/nodes/node-a", Action::Raw(code, body));
+        let o = w.broker("node-a", "lldp.json").output().unwrap();
+        assert!(
+            !o.status.success(),
+            "{code} {body:?} was taken for an answer"
+        );
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("Node node-a"), "{body:?}: {e}");
+        assert_eq!(w.data()["node-a"], "previous", "{body:?}");
+    }
+    // A 503 (an overloaded server) is retried, as client-go does: one is not a failure.
+    w.api
+        .fault("GET", "/api/v1/nodes/node-a", Action::Raw(503, ""));
+    ok(w.broker("node-a", "lldp.json").output().unwrap());
+    assert_ne!(w.data()["node-a"], "previous");
+}
+
+#[test]
+fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
+    let mut obs = w.observer("observer.log");
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    // b's deletion is never delivered: held back, then compacted away, then the watch drops.
+    w.api.pause_watches();
+    w.api.delete_node("b");
+    w.api.compact();
+    w.api.resume_watches();
+    w.api.drop_watches();
+    eventually("the re-list removed b's record", || {
+        !w.data().contains_key("b")
+    });
+    assert!(
+        w.api
+            .log()
+            .iter()
+            .any(|l| l.query.contains("watch") && l.status == 200),
+        "it watched again"
+    );
+    assert_eq!(w.data().keys().collect::<Vec<_>>(), ["a"]);
+    assert!(sigterm(&mut obs).success());
+}
+
+// ---- the stand-in itself ---------------------------------------------------------
+
+/// The stand-in answers as kube-apiserver does on the points the broker's
+/// design rests on (why it merge-patches): checked through kube-rs itself.
+#[test]
+fn stand_in_refuses_json_patch_add_without_data_and_remove_of_an_absent_key_as_the_real_server_does(
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    assert!(
+        w.api.configmap(NS, CM).unwrap().get("data").is_none(),
+        "an empty map is not stored"
+    );
+    let kubeconfig = kube::config::Kubeconfig::read_from(&w.kubeconfig).unwrap();
+    let codes = nodefabric::cluster::block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let api: kube::Api<ConfigMap> =
+            kube::Api::namespaced(kube::Client::try_from(config).unwrap(), NS);
+        let mut codes = Vec::new();
+        for ops in [
+            json!([{"op": "add", "path": "/data/node-a", "value": "r"}]),
+            json!([{"op": "remove", "path": "/data/node-a"}]),
+        ] {
+            let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+            let r = api
+                .patch(CM, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await;
+            codes.push(match r {
+                Err(kube::Error::Api(s)) => (s.code, s.reason),
+                other => panic!("{other:?}"),
+            });
+        }
+        let merged = api
+            .patch(
+                CM,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"node-a": "r"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(merged.data.unwrap()["node-a"], "r");
+        api.patch(
+            CM,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"absent": null}})),
+        )
+        .await
+        .unwrap();
+        Ok(codes)
+    })
+    .unwrap();
+    assert_eq!(
+        codes,
+        [(422, "Invalid".to_string()), (422, "Invalid".to_string())]
+    );
+}
+
+#[test]
+fn missing_or_malformed_kubeconfig_fails_naming_it() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let garbage = w.dir.join("garbage-kubeconfig");
+    fs::write(&garbage, "clusters: [unterminated\n").unwrap();
+    for path in [w.dir.join("no-such-kubeconfig"), garbage] {
+        let e = failed(
+            w.nodefabric_as(&path)
+                .args([
+                    "observe",
+                    "--rails-configmap",
+                    CM,
+                    "--owner-deployment",
+                    OWNER,
+                ])
+                .output()
+                .unwrap(),
+        );
+        assert!(e.contains(&format!("KUBECONFIG={}", path.display())), "{e}");
+        let e = failed(
+            w.rails("node-a", "lldp.json")
+                .env("KUBECONFIG", &path)
+                .output()
+                .unwrap(),
+        );
+        assert!(
+            e.contains(&format!("KUBECONFIG={}", path.display())) && e.contains("Node node-a"),
+            "{e}"
+        );
+    }
+    assert!(w.api.log().is_empty(), "nothing reached the server");
+}
+
+#[test]
+fn one_shot_publish_writes_the_rail_file_even_when_the_configmap_refuses() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let file = w.dir.join("out/rails.json");
+    let publish = || {
+        let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+        c.args(["publish", "--sysfs-root"]).arg(&w.root);
+        for (flag, dir) in [
+            ("--features-dir", "f"),
+            ("--cdi-dir", "cdi"),
+            ("--state-dir", "s"),
+        ] {
+            c.arg(flag).arg(w.dir.join(dir));
+        }
+        c.arg("--rails-file")
+            .arg(&file)
+            .arg("--lldp-json")
+            .arg(w.dir.join("lldp.json"));
+        c.args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+        ]);
+        c.args(["--node-name", "node-a", "--rails-configmap", CM]);
+        c.output().unwrap()
+    };
+    let e = failed(publish());
+    assert!(e.contains("does not exist"), "{e}");
+    let written = fs::read_to_string(&file).expect("the file does not wait on the cluster");
+    w.owned_configmap(json!({}));
+    ok(publish());
+    assert_eq!(
+        w.data()["node-a"],
+        written,
+        "file and key carry the same bytes"
+    );
+}

@@ -1,0 +1,929 @@
+//! An in-test Kubernetes API server: exactly the part of the API nodefabric
+//! uses, implemented the way kube-apiserver behaves, over TLS with a bearer
+//! token, so the real binaries run against it unchanged (KUBECONFIG).
+//!
+//! - Nodes: GET, LIST (with `fieldSelector=metadata.name=…`), WATCH from a
+//!   resourceVersion as a chunked stream of `{"type", "object"}` lines;
+//!   `410 Gone` (an ERROR event) for a resourceVersion older than the
+//!   retained history.
+//! - ConfigMaps: GET, POST (409 AlreadyExists), PATCH with
+//!   `application/json-patch+json` (RFC 6902, `test` included: any failed
+//!   operation is 422 Invalid and nothing applies) and
+//!   `application/merge-patch+json` (RFC 7386, `null` removes); an empty
+//!   `data` is not stored; keys must match `[-._a-zA-Z0-9]+`; keys and values
+//!   together at most 1 MiB (422 with cause FieldValueTooLong); a no-op
+//!   patch keeps the resourceVersion.
+//! - Deployments: GET.
+//! - `Accept: …;as=PartialObjectMetadata[List]` answers metadata only.
+//! - Every error is a `Status` object with the real reason and code.
+//!
+//! - Authentication by bearer token: [`TOKEN`] may do anything; a token from
+//!   [`ApiServer::account_token`] is a ServiceAccount whose requests are
+//!   authorized by the RBAC in deploy/ (403 Forbidden otherwise).
+//!
+//! Tests add faults (an answer of their choosing, or a change made just
+//! before a request is served), pause watch delivery, and read the request log.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The administrator's token: every request allowed.
+pub const TOKEN: &str = "nodefabric-test-token";
+/// The API server's ConfigMap size limit.
+pub const LIMIT: usize = 1024 * 1024;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// One request as served, for assertions.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    /// `GET`, `PATCH`, …
+    pub method: String,
+    /// The path without the query.
+    pub path: String,
+    /// The query string.
+    pub query: String,
+    /// The content type sent.
+    pub content_type: String,
+    /// The body sent.
+    pub body: String,
+    /// The status answered.
+    pub status: u16,
+}
+
+/// What a fault does to the next matching request.
+pub enum Action {
+    /// Answer with this status code (a `Status` body), change nothing.
+    Respond(u16),
+    /// Answer with this status and this body, as given (a broken server or proxy).
+    Raw(u16, &'static str),
+    /// Never answer (a hung server).
+    Hang,
+    /// Change the state first (as another client would have), then serve.
+    Before(Box<dyn FnOnce(&mut State) + Send>),
+}
+
+struct Fault {
+    method: Method,
+    path: String,
+    action: Action,
+}
+
+/// The stored objects and their history.
+#[derive(Default)]
+pub struct State {
+    rv: u64,
+    /// (resource, namespace, name) → object.
+    objects: BTreeMap<(String, String, String), Value>,
+    /// Node events: (resourceVersion, type, object).
+    node_events: Vec<(u64, &'static str, Value)>,
+    /// Events at or below this resourceVersion are gone (a compaction).
+    compacted: u64,
+    /// While set, watches deliver nothing after this resourceVersion.
+    paused_at: Option<u64>,
+    /// Bumped to end every open watch stream.
+    watch_epoch: u64,
+    faults: Vec<Fault>,
+    log: Vec<Logged>,
+    next_uid: u64,
+    /// token → ServiceAccount (namespace, name).
+    accounts: BTreeMap<String, (String, String)>,
+}
+
+impl State {
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn uid(&mut self) -> String {
+        self.next_uid += 1;
+        format!("00000000-0000-4000-8000-{:012x}", self.next_uid)
+    }
+
+    /// The ConfigMap's data, if it exists.
+    pub fn configmap_data(&self, ns: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        let cm = self.objects.get(&key("configmaps", ns, name))?;
+        Some(serde_json::from_value(cm.get("data").cloned().unwrap_or(json!({}))).unwrap())
+    }
+
+    /// Sets one data key of an existing ConfigMap, as another writer would.
+    pub fn set_configmap_key(&mut self, ns: &str, name: &str, k: &str, v: &str) {
+        let rv = self.bump();
+        let cm = self
+            .objects
+            .get_mut(&key("configmaps", ns, name))
+            .expect("ConfigMap exists");
+        if cm.get("data").is_none() {
+            cm["data"] = json!({});
+        }
+        cm["data"][k] = json!(v);
+        cm["metadata"]["resourceVersion"] = json!(rv.to_string());
+    }
+}
+
+fn key(resource: &str, ns: &str, name: &str) -> (String, String, String) {
+    (resource.to_string(), ns.to_string(), name.to_string())
+}
+
+/// A running server; it lives until the test process ends.
+pub struct ApiServer {
+    /// The port on 127.0.0.1.
+    pub port: u16,
+    state: Arc<Mutex<State>>,
+    rbac: Arc<super::apiserver_rbac::Rbac>,
+    wake: tokio::sync::watch::Sender<u64>,
+}
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(rel)
+}
+
+impl ApiServer {
+    /// Starts a server on a thread of its own.
+    pub fn start() -> ApiServer {
+        let certs = vec![CertificateDer::from_pem_file(data("tls/server.crt")).unwrap()];
+        let key = PrivateKeyDer::from_pem_file(data("tls/server.key")).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(State {
+            rv: 100,
+            ..Default::default()
+        }));
+        let (wake, _) = tokio::sync::watch::channel(0u64);
+        let rbac = Arc::new(super::apiserver_rbac::Rbac::from_deploy());
+        let server = ApiServer {
+            port,
+            state: state.clone(),
+            rbac: rbac.clone(),
+            wake: wake.clone(),
+        };
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let (tcp, _) = listener.accept().await.unwrap();
+                    let (acceptor, state, wake, rbac) =
+                        (acceptor.clone(), state.clone(), wake.clone(), rbac.clone());
+                    tokio::spawn(async move {
+                        let Ok(tls) = acceptor.accept(tcp).await else {
+                            return;
+                        };
+                        let service = hyper::service::service_fn(move |req| {
+                            let (state, wake, rbac) = (state.clone(), wake.clone(), rbac.clone());
+                            async move { Ok::<_, Infallible>(serve(req, state, wake, rbac).await) }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                            .await;
+                    });
+                }
+            });
+        });
+        server
+    }
+
+    /// Runs `f` on the state (under its lock), waking watches afterwards.
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let out = f(&mut self.state.lock().unwrap());
+        self.wake.send_modify(|g| *g += 1);
+        out
+    }
+
+    /// A token for ServiceAccount `namespace/name`, limited to what deploy/'s RBAC grants it.
+    pub fn account_token(&self, namespace: &str, name: &str) -> String {
+        let token = format!("sa-{namespace}-{name}");
+        self.with(|s| {
+            s.accounts
+                .insert(token.clone(), (namespace.to_string(), name.to_string()))
+        });
+        token
+    }
+
+    /// Writes a kubeconfig for this server into `dir`, with `token` and a
+    /// default namespace; returns its path.
+    pub fn kubeconfig(&self, dir: &Path, token: &str, namespace: &str) -> PathBuf {
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": format!("https://127.0.0.1:{}", self.port), "certificate-authority": data("tls/ca.crt")}}],
+            "users": [{"name": "test", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": namespace}}],
+            "current-context": "test",
+        });
+        let path = dir.join(format!("kubeconfig-{token}"));
+        std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        path
+    }
+
+    /// Adds (or replaces, under a new UID) Node `name`; returns its UID.
+    pub fn add_node(&self, name: &str) -> String {
+        self.with(|s| {
+            if let Some(old) = s.objects.remove(&key("nodes", "", name)) {
+                let rv = s.bump();
+                s.node_events.push((rv, "DELETED", old));
+            }
+            let uid = s.uid();
+            let rv = s.bump();
+            let node = json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": uid, "resourceVersion": rv.to_string(), "creationTimestamp": "2026-03-01T12:00:00Z",
+                             "labels": {"kubernetes.io/hostname": name}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": "v1.33.0"}},
+            });
+            s.objects.insert(key("nodes", "", name), node.clone());
+            s.node_events.push((rv, "ADDED", node));
+            uid
+        })
+    }
+
+    /// Changes a label of Node `name` (a MODIFIED event, same UID).
+    pub fn touch_node(&self, name: &str) {
+        self.with(|s| {
+            let rv = s.bump();
+            let node = s
+                .objects
+                .get_mut(&key("nodes", "", name))
+                .expect("Node exists");
+            node["metadata"]["resourceVersion"] = json!(rv.to_string());
+            node["metadata"]["labels"]["touched"] = json!(rv.to_string());
+            let node = node.clone();
+            s.node_events.push((rv, "MODIFIED", node));
+        })
+    }
+
+    /// Deletes Node `name`.
+    pub fn delete_node(&self, name: &str) {
+        self.with(|s| {
+            let mut old = s
+                .objects
+                .remove(&key("nodes", "", name))
+                .expect("Node exists");
+            let rv = s.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.node_events.push((rv, "DELETED", old));
+        })
+    }
+
+    /// Adds a Deployment; returns its UID.
+    pub fn add_deployment(&self, ns: &str, name: &str) -> String {
+        self.with(|s| {
+            let uid = s.uid();
+            let rv = s.bump();
+            let d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                           "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv.to_string()},
+                           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}}}});
+            s.objects.insert(key("deployments", ns, name), d);
+            uid
+        })
+    }
+
+    /// Stores a ConfigMap as given (someone else's, or one prepared by a test).
+    /// It passes the same validation and takes the same stored shape as a POST.
+    pub fn put_configmap(&self, ns: &str, name: &str, mut cm: Value) {
+        if let Err((code, status)) = validate(&mut cm, name) {
+            panic!("the test's ConfigMap is invalid ({code}): {status}");
+        }
+        self.with(|s| {
+            let (uid, rv) = (s.uid(), s.bump());
+            cm["apiVersion"] = json!("v1");
+            cm["kind"] = json!("ConfigMap");
+            cm["metadata"]["name"] = json!(name);
+            cm["metadata"]["namespace"] = json!(ns);
+            cm["metadata"]["uid"] = json!(uid);
+            cm["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.objects.insert(key("configmaps", ns, name), cm);
+        })
+    }
+
+    /// A stored ConfigMap, whole.
+    pub fn configmap(&self, ns: &str, name: &str) -> Option<Value> {
+        self.with(|s| s.objects.get(&key("configmaps", ns, name)).cloned())
+    }
+
+    /// A stored ConfigMap's data (absent `data` is an empty map).
+    pub fn data(&self, ns: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        self.with(|s| s.configmap_data(ns, name))
+    }
+
+    /// Answers the next `method` request on `path` with `action`.
+    pub fn fault(&self, method: &str, path: &str, action: Action) {
+        self.with(|s| {
+            s.faults.push(Fault {
+                method: method.parse().unwrap(),
+                path: path.to_string(),
+                action,
+            })
+        });
+    }
+
+    /// Holds back watch events from now on (they are still recorded).
+    pub fn pause_watches(&self) {
+        self.with(|s| s.paused_at = Some(s.rv));
+    }
+
+    /// Ends every open watch stream (as a restarting API server does); the
+    /// clients watch again from their last resourceVersion.
+    pub fn drop_watches(&self) {
+        self.with(|s| s.watch_epoch += 1);
+    }
+
+    /// Delivers held-back watch events.
+    pub fn resume_watches(&self) {
+        self.with(|s| s.paused_at = None);
+    }
+
+    /// Forgets the Node history so far: a watch from an older resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        self.with(|s| {
+            s.compacted = s.rv;
+            s.node_events.clear();
+        });
+    }
+
+    /// The requests served so far.
+    pub fn log(&self) -> Vec<Logged> {
+        self.with(|s| s.log.clone())
+    }
+}
+
+/// A `Status` answer, as the real server writes them.
+fn status(code: u16, reason: &str, message: &str, details: Value) -> (u16, Value) {
+    let mut s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
+    if !details.is_null() {
+        s["details"] = details;
+    }
+    (code, s)
+}
+
+fn not_found(resource: &str, name: &str) -> (u16, Value) {
+    status(
+        404,
+        "NotFound",
+        &format!("{resource} \"{name}\" not found"),
+        json!({"name": name, "kind": resource}),
+    )
+}
+
+fn reply(code: u16, body: &Value) -> Response<Body> {
+    let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
+    let mut r = Response::new(Full::new(bytes).boxed());
+    *r.status_mut() = StatusCode::from_u16(code).unwrap();
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Metadata only, when the client asked for it.
+fn shape(obj: &Value, partial: bool) -> Value {
+    if partial {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": obj["metadata"]})
+    } else {
+        obj.clone()
+    }
+}
+
+/// What RBAC sees of a request: verb, group, resource, namespace, name.
+fn attributes(
+    method: &Method,
+    seg: &[&str],
+    watch: bool,
+) -> Option<super::apiserver_rbac::Attributes> {
+    use super::apiserver_rbac::Attributes;
+    let verb = |named: bool| match (method.as_str(), named) {
+        ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("PUT", _) => "update",
+        ("DELETE", _) => "delete",
+        _ => "unknown",
+    };
+    Some(match seg {
+        ["api", "v1", resource] => Attributes::new(verb(false), "", resource, None, None),
+        ["api", "v1", resource, name] => {
+            Attributes::new(verb(true), "", resource, None, Some(name))
+        }
+        ["api", "v1", "namespaces", ns, resource] => {
+            Attributes::new(verb(false), "", resource, Some(ns), None)
+        }
+        ["api", "v1", "namespaces", ns, resource, name] => {
+            Attributes::new(verb(true), "", resource, Some(ns), Some(name))
+        }
+        ["apis", group, _, "namespaces", ns, resource] => {
+            Attributes::new(verb(false), group, resource, Some(ns), None)
+        }
+        ["apis", group, _, "namespaces", ns, resource, name] => {
+            Attributes::new(verb(true), group, resource, Some(ns), Some(name))
+        }
+        _ => return None,
+    })
+}
+
+fn forbidden(sa: &(String, String), a: &super::apiserver_rbac::Attributes) -> (u16, Value) {
+    let user = format!("system:serviceaccount:{}:{}", sa.0, sa.1);
+    let scope = a
+        .namespace
+        .as_ref()
+        .map(|n| format!(" in the namespace \"{n}\""))
+        .unwrap_or_else(|| " at the cluster scope".into());
+    let what = match &a.name {
+        Some(n) => format!("{} \"{n}\"", a.resource),
+        None => a.resource.clone(),
+    };
+    let msg = format!(
+        "{what} is forbidden: User \"{user}\" cannot {} resource \"{}\" in API group \"{}\"{scope}",
+        a.verb, a.resource, a.group
+    );
+    status(
+        403,
+        "Forbidden",
+        &msg,
+        json!({"name": a.name.clone().unwrap_or_default(), "kind": a.resource}),
+    )
+}
+
+async fn serve(
+    req: Request<Incoming>,
+    state: Arc<Mutex<State>>,
+    wake: tokio::sync::watch::Sender<u64>,
+    rbac: Arc<super::apiserver_rbac::Rbac>,
+) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let header = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (auth, content_type, accept) = (
+        header("authorization"),
+        header("content-type"),
+        header("accept"),
+    );
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let body_text = String::from_utf8_lossy(&body).into_owned();
+    let partial = accept.contains("as=PartialObjectMetadata");
+
+    let log = |s: &mut State, code: u16| {
+        s.log.push(Logged {
+            method: method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type: content_type.clone(),
+            body: body_text.clone(),
+            status: code,
+        })
+    };
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let is_watch = matches!(query_param(&query, "watch").as_deref(), Some("true" | "1"));
+    let token = auth.strip_prefix("Bearer ").unwrap_or_default();
+    let account = state.lock().unwrap().accounts.get(token).cloned();
+    if token != TOKEN && account.is_none() {
+        let (code, b) = status(401, "Unauthorized", "Unauthorized", Value::Null);
+        log(&mut state.lock().unwrap(), code);
+        return reply(code, &b);
+    }
+    if let (Some(sa), Some(a)) = (&account, attributes(&method, &segments, is_watch)) {
+        if !rbac.allows((&sa.0, &sa.1), &a) {
+            let (code, b) = forbidden(sa, &a);
+            log(&mut state.lock().unwrap(), code);
+            return reply(code, &b);
+        }
+    }
+    if method == Method::GET && segments == ["api", "v1", "nodes"] && is_watch {
+        return watch(&state, wake, &query, partial, |s, code| log(s, code));
+    }
+
+    let (code, answer) = {
+        let mut s = state.lock().unwrap();
+        // A fault for this request?
+        let at = s
+            .faults
+            .iter()
+            .position(|f| f.method == method && f.path == path);
+        let injected = at.map(|i| s.faults.remove(i)).and_then(|f| match f.action {
+            Action::Respond(code) => Some(Err(Some(status(
+                code,
+                "InternalError",
+                &format!("injected failure {code}"),
+                Value::Null,
+            )))),
+            Action::Raw(code, body) => Some(Ok((code, body))),
+            Action::Hang => Some(Err(None)),
+            Action::Before(change) => {
+                change(&mut s);
+                None
+            }
+        });
+        match injected {
+            Some(Ok((code, raw))) => {
+                log(&mut s, code);
+                let mut r = Response::new(Full::new(Bytes::from_static(raw.as_bytes())).boxed());
+                *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                r.headers_mut()
+                    .insert("content-type", "application/json".parse().unwrap());
+                return r;
+            }
+            Some(Err(None)) => {
+                log(&mut s, 0);
+                (0, Value::Null)
+            }
+            Some(Err(Some(out))) => {
+                log(&mut s, out.0);
+                out
+            }
+            None => {
+                let out = route(
+                    &mut s,
+                    &method,
+                    &segments,
+                    &query,
+                    &content_type,
+                    &body,
+                    partial,
+                );
+                log(&mut s, out.0);
+                out
+            }
+        }
+    };
+    if code == 0 {
+        return std::future::pending().await; // Action::Hang
+    }
+    wake.send_modify(|g| *g += 1);
+    reply(code, &answer)
+}
+
+fn route(
+    s: &mut State,
+    method: &Method,
+    seg: &[&str],
+    query: &str,
+    content_type: &str,
+    body: &[u8],
+    partial: bool,
+) -> (u16, Value) {
+    match (method.as_str(), seg) {
+        ("GET", ["api", "v1", "nodes"]) => {
+            let selector = query_param(query, "fieldSelector");
+            let only = selector
+                .as_deref()
+                .and_then(|f| f.strip_prefix("metadata.name="));
+            let items: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|((r, _, name), _)| r == "nodes" && only.is_none_or(|o| o == name))
+                .map(|(_, o)| shape(o, partial))
+                .collect();
+            let kind = if partial {
+                "PartialObjectMetadataList"
+            } else {
+                "NodeList"
+            };
+            let api = if partial { "meta.k8s.io/v1" } else { "v1" };
+            (
+                200,
+                json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            )
+        }
+        ("GET", ["api", "v1", "nodes", name]) => match s.objects.get(&key("nodes", "", name)) {
+            Some(n) => (200, shape(n, partial)),
+            None => not_found("nodes", name),
+        },
+        ("GET", ["apis", "apps", "v1", "namespaces", ns, "deployments", name]) => {
+            match s.objects.get(&key("deployments", ns, name)) {
+                Some(d) => (200, shape(d, partial)),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("deployments.apps \"{name}\" not found"),
+                    json!({"name": name, "group": "apps", "kind": "deployments"}),
+                ),
+            }
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
+            match s.objects.get(&key("configmaps", ns, name)) {
+                Some(c) => (200, shape(c, partial)),
+                None => not_found("configmaps", name),
+            }
+        }
+        ("POST", ["api", "v1", "namespaces", ns, "configmaps"]) => create_configmap(s, ns, body),
+        ("PATCH", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
+            patch_configmap(s, ns, name, content_type, body)
+        }
+        (m, _) if !["GET", "POST", "PATCH"].contains(&m) => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{m} is not supported here"),
+            Value::Null,
+        ),
+        _ => status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+            Value::Null,
+        ),
+    }
+}
+
+fn create_configmap(s: &mut State, ns: &str, body: &[u8]) -> (u16, Value) {
+    let mut cm: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return status(
+                400,
+                "BadRequest",
+                &format!("the body is not JSON: {e}"),
+                Value::Null,
+            )
+        }
+    };
+    let Some(name) = cm["metadata"]["name"].as_str().map(str::to_string) else {
+        return status(422, "Invalid", "ConfigMap \"\" is invalid: metadata.name: Required value: name or generateName is required", Value::Null);
+    };
+    if s.objects.contains_key(&key("configmaps", ns, &name)) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("configmaps \"{name}\" already exists"),
+            json!({"name": name, "kind": "configmaps"}),
+        );
+    }
+    if let Err(e) = validate(&mut cm, &name) {
+        return e;
+    }
+    let (uid, rv) = (s.uid(), s.bump());
+    cm["metadata"]["namespace"] = json!(ns);
+    cm["metadata"]["uid"] = json!(uid);
+    cm["metadata"]["resourceVersion"] = json!(rv.to_string());
+    cm["metadata"]["creationTimestamp"] = json!("2026-03-01T12:00:00Z");
+    s.objects.insert(key("configmaps", ns, &name), cm.clone());
+    (201, cm)
+}
+
+fn patch_configmap(
+    s: &mut State,
+    ns: &str,
+    name: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Value) {
+    let Some(current) = s.objects.get(&key("configmaps", ns, name)).cloned() else {
+        return not_found("configmaps", name);
+    };
+    let mut next = current.clone();
+    let invalid = |detail: String| {
+        status(
+            422,
+            "Invalid",
+            &format!("ConfigMap \"{name}\" is invalid: patch: Invalid value: {detail}"),
+            json!({"name": name, "kind": "ConfigMap"}),
+        )
+    };
+    match content_type.split(';').next().unwrap_or("") {
+        "application/json-patch+json" => {
+            let patch: json_patch::Patch = match serde_json::from_slice(body) {
+                Ok(p) => p,
+                Err(e) => return status(400, "BadRequest", &format!("the patch is not a JSON Patch: {e}"), Value::Null),
+            };
+            if let Err(e) = json_patch::patch(&mut next, &patch) {
+                return invalid(format!("{:?}: {e}", String::from_utf8_lossy(body)));
+            }
+        }
+        "application/merge-patch+json" => {
+            let patch: Value = match serde_json::from_slice(body) {
+                Ok(p) => p,
+                Err(e) => return status(400, "BadRequest", &format!("the patch is not JSON: {e}"), Value::Null),
+            };
+            if let Some(want) = patch.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+                if Some(want) != current["metadata"]["resourceVersion"].as_str() {
+                    return status(409, "Conflict", &format!("Operation cannot be fulfilled on configmaps \"{name}\": the object has been modified; please apply your changes to the latest version and try again"), json!({"name": name, "kind": "configmaps"}));
+                }
+            }
+            json_patch::merge(&mut next, &patch);
+        }
+        other => return status(415, "UnsupportedMediaType", &format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"), Value::Null),
+    }
+    if next["metadata"]["name"] != current["metadata"]["name"]
+        || next["metadata"]["uid"] != current["metadata"]["uid"]
+    {
+        return invalid("metadata.name and metadata.uid cannot change".into());
+    }
+    if let Err(e) = validate(&mut next, name) {
+        return e;
+    }
+    // The stored object's resourceVersion moves only when something changed.
+    next["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    if next != current {
+        let rv = s.bump();
+        next["metadata"]["resourceVersion"] = json!(rv.to_string());
+        s.objects.insert(key("configmaps", ns, name), next.clone());
+    }
+    (200, next)
+}
+
+/// The ConfigMap validation the real server applies, and its storage shape.
+fn validate(cm: &mut Value, name: &str) -> Result<(), (u16, Value)> {
+    let mut size = 0;
+    for field in ["data", "binaryData"] {
+        match cm.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    let Some(v) = v.as_str() else {
+                        return Err(status(400, "BadRequest", &format!("json: cannot unmarshal {v} into Go struct field ConfigMap.{field} of type string"), Value::Null));
+                    };
+                    if k.is_empty()
+                        || k.len() > 253
+                        || !k
+                            .bytes()
+                            .all(|c| c.is_ascii_alphanumeric() || b"-._".contains(&c))
+                    {
+                        let msg = format!("ConfigMap \"{name}\" is invalid: {field}[{k}]: Invalid value: \"{k}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.'");
+                        return Err(status(
+                            422,
+                            "Invalid",
+                            &msg,
+                            json!({"name": name, "kind": "ConfigMap", "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": format!("{field}[{k}]")}]}),
+                        ));
+                    }
+                    size += k.len() + v.len();
+                }
+            }
+            Some(other) => {
+                return Err(status(
+                    400,
+                    "BadRequest",
+                    &format!(
+                        "json: cannot unmarshal {other} into Go struct field ConfigMap.{field}"
+                    ),
+                    Value::Null,
+                ))
+            }
+        }
+    }
+    if size > LIMIT {
+        let msg = format!("Too long: may not be more than {LIMIT} bytes");
+        return Err(status(
+            422,
+            "Invalid",
+            &format!("ConfigMap \"{name}\" is invalid: []: {msg}"),
+            json!({"name": name, "kind": "ConfigMap", "causes": [{"reason": "FieldValueTooLong", "message": msg, "field": "[]"}]}),
+        ));
+    }
+    // An empty map is not stored (Go's omitempty).
+    for field in ["data", "binaryData"] {
+        if cm
+            .get(field)
+            .is_some_and(|v| v.is_null() || v.as_object().is_some_and(|m| m.is_empty()))
+        {
+            cm.as_object_mut().unwrap().remove(field);
+        }
+    }
+    Ok(())
+}
+
+/// A Node watch: every event after the given resourceVersion, as they come.
+fn watch(
+    state: &Arc<Mutex<State>>,
+    wake: tokio::sync::watch::Sender<u64>,
+    query: &str,
+    partial: bool,
+    log: impl Fn(&mut State, u16),
+) -> Response<Body> {
+    let from: u64 = query_param(query, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = query_param(query, "timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1800u64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    {
+        let mut s = state.lock().unwrap();
+        log(&mut s, 200);
+        if from < s.compacted {
+            let (_, gone) = status(
+                410,
+                "Expired",
+                &format!("too old resource version: {from} ({})", s.compacted),
+                Value::Null,
+            );
+            let line = format!("{}\n", json!({"type": "ERROR", "object": gone}));
+            let _ = tx.try_send(Ok(Frame::data(Bytes::from(line))));
+            drop(tx);
+            return stream_reply(rx);
+        }
+    }
+    let epoch = state.lock().unwrap().watch_epoch;
+    let state = state.clone();
+    let mut woken = wake.subscribe();
+    tokio::spawn(async move {
+        let mut last = from;
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+        tokio::pin!(deadline);
+        loop {
+            let lines: Vec<(u64, String)> = {
+                let s = state.lock().unwrap();
+                if s.watch_epoch != epoch {
+                    return; // dropped: the stream ends, the client watches again
+                }
+                let horizon = s.paused_at.unwrap_or(u64::MAX);
+                s.node_events
+                    .iter()
+                    .filter(|(rv, _, _)| *rv > last && *rv <= horizon)
+                    .map(|(rv, t, o)| {
+                        (
+                            *rv,
+                            format!("{}\n", json!({"type": t, "object": shape(o, partial)})),
+                        )
+                    })
+                    .collect()
+            };
+            for (rv, line) in lines {
+                if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
+                    return;
+                }
+                last = rv;
+            }
+            tokio::select! {
+                r = woken.changed() => if r.is_err() { return },
+                _ = &mut deadline => return,
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    stream_reply(rx)
+}
+
+fn stream_reply(
+    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
+) -> Response<Body> {
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut r = Response::new(BodyExt::boxed(body));
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r
+}
