@@ -57,20 +57,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
-pub fn parse_namespace(s: &str) -> Result<String, String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if s.is_empty() || s.len() > 253 || !s.split('.').all(label_ok) {
-        return Err(format!("{s:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"));
-    }
-    Ok(s.to_string())
-}
+/// Kept here for callers that name it through the command line module.
+pub use crate::names::parse_namespace;
 
 /// The subcommands.
 #[derive(Debug, Clone, Subcommand)]

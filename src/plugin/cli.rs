@@ -4,7 +4,7 @@
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
-use crate::cli::parse_namespace;
+use crate::names::parse_namespace;
 use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
