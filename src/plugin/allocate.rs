@@ -19,7 +19,8 @@
 
 use super::api;
 use super::catalog::{Catalog, Endpoint, Resource};
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use tonic::Status;
 
 /// The environment variable NCCL reads to choose its HCAs.
@@ -55,7 +56,9 @@ pub fn container_response(
             ))
         })?;
         if let Some(why) = &ep.unusable {
-            return Err(Status::failed_precondition(format!("device ID {id:?}: {why}")));
+            return Err(Status::failed_precondition(format!(
+                "device ID {id:?}: {why}"
+            )));
         }
         if !granted.iter().any(|g| g.name == ep.name) {
             granted.push(ep);
@@ -67,15 +70,20 @@ pub fn container_response(
     let mut resp = api::ContainerAllocateResponse::default();
     if !names.is_empty() {
         // The leading "=" makes NCCL match names exactly: plain "mlx5_1" would also pick mlx5_10.
-        resp.envs.insert(NCCL_IB_HCA.into(), format!("={}", names.join(",")));
+        resp.envs
+            .insert(NCCL_IB_HCA.into(), format!("={}", names.join(",")));
     }
     match delivery {
         CdiDelivery::Field => {
-            resp.cdi_devices = cdi_names.into_iter().map(|name| api::CdiDevice { name }).collect();
+            resp.cdi_devices = cdi_names
+                .into_iter()
+                .map(|name| api::CdiDevice { name })
+                .collect();
         }
         CdiDelivery::Annotations => {
             if !cdi_names.is_empty() {
-                resp.annotations.insert(annotation_key(resource), cdi_names.join(","));
+                resp.annotations
+                    .insert(annotation_key(resource), cdi_names.join(","));
             }
         }
     }
@@ -88,9 +96,10 @@ pub fn annotation_key(resource: Resource) -> String {
 }
 
 /// A token ID and the endpoint it stands for.
-type Candidate<'a> = (String, &'a Endpoint);
+type Candidate<'a> = (&'a str, &'a Endpoint);
 
 /// The preferred IDs for one container (see the module docs for the order).
+/// O(n log n) in the available IDs: kubelet may offer tens of thousands.
 pub fn preferred(
     catalog: &Catalog,
     resource: Resource,
@@ -99,28 +108,40 @@ pub fn preferred(
     size: usize,
 ) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
+    let mut chosen: HashSet<&str> = HashSet::new();
     for id in must_include {
-        if !out.contains(id) {
+        if chosen.insert(id) {
             out.push(id.clone());
         }
     }
     if out.len() >= size {
         return out;
     }
-    // Candidates: available, ours, not already chosen.
+    // Candidates: available, ours, not already chosen, each once.
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut cands: Vec<Candidate> = available
         .iter()
-        .filter(|id| !out.contains(id))
-        .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id.clone(), ep)))
+        .map(String::as_str)
+        .filter(|id| !chosen.contains(id) && seen.insert(id))
+        .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id, ep)))
         .collect();
-    cands.sort_by_key(|c| natural(&c.0));
-    cands.dedup_by(|a, b| a.0 == b.0);
+    cands.sort_by_cached_key(|c| natural(c.0));
     let need = size - out.len();
 
     let per_node = count_per_node(cands.iter().map(|(_, ep)| *ep));
-    let anchor = count_per_node(must_include.iter().filter_map(|id| catalog.resolve(resource, id)));
+    let anchor = count_per_node(
+        must_include
+            .iter()
+            .filter_map(|id| catalog.resolve(resource, id)),
+    );
     let target = fullest(&anchor)
-        .or_else(|| per_node.iter().filter(|(_, c)| **c >= need).min_by_key(|(n, c)| (**c, **n)).map(|(n, _)| *n))
+        .or_else(|| {
+            per_node
+                .iter()
+                .filter(|(_, c)| **c >= need)
+                .min_by_key(|(n, c)| (**c, **n))
+                .map(|(n, _)| *n)
+        })
         .or_else(|| fullest(&per_node));
     // Node order: the target, then the others fullest first, then no node.
     let rank = |numa: Option<i64>| -> (u8, i64, i64) {
@@ -134,10 +155,10 @@ pub fn preferred(
     for c in cands {
         groups.entry(rank(c.1.numa)).or_default().push(c);
     }
-    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
     for id in &out {
         if let Some(ep) = catalog.resolve(resource, id) {
-            *counts.entry(ep.name.clone()).or_default() += 1;
+            *counts.entry(ep.name.as_str()).or_default() += 1;
         }
     }
     for (_, group) in groups {
@@ -147,7 +168,12 @@ pub fn preferred(
         if resource == Resource::Shared {
             spread(group, &mut counts, &mut out, size);
         } else {
-            out.extend(group.into_iter().take(size - out.len()).map(|(id, _)| id));
+            out.extend(
+                group
+                    .into_iter()
+                    .take(size - out.len())
+                    .map(|(id, _)| id.to_string()),
+            );
         }
     }
     out
@@ -165,28 +191,52 @@ fn count_per_node<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> BTreeMap
 
 /// The node with the most tokens, the lowest number on a tie.
 fn fullest(per_node: &BTreeMap<i64, usize>) -> Option<i64> {
-    per_node.iter().max_by_key(|(n, c)| (**c, -**n)).map(|(n, _)| *n)
+    per_node
+        .iter()
+        .max_by_key(|(n, c)| (**c, -**n))
+        .map(|(n, _)| *n)
 }
 
-/// Picks shared tokens one at a time onto the least-used endpoint.
-fn spread(group: Vec<Candidate>, counts: &mut HashMap<String, usize>, out: &mut Vec<String>, size: usize) {
-    let mut queues: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+/// Picks shared tokens one at a time onto the least-used endpoint: fewest
+/// granted in this request, then most still available, then by name. A
+/// heap keeps each pick O(log endpoints).
+fn spread<'a>(
+    group: Vec<Candidate<'a>>,
+    counts: &mut HashMap<&'a str, usize>,
+    out: &mut Vec<String>,
+    size: usize,
+) {
+    let mut queues: BTreeMap<&'a str, Vec<&'a str>> = BTreeMap::new();
     for (id, ep) in group {
         queues.entry(ep.name.as_str()).or_default().push(id);
     }
-    for q in queues.values_mut() {
-        q.reverse(); // pop() then yields the lowest share number first
-    }
+    // Max-heap entry: fewest granted, then most left, then smallest name.
+    type Entry<'a> = (Reverse<usize>, usize, Reverse<Vec<(String, u64)>>, &'a str);
+    let mut heap: BinaryHeap<Entry<'a>> = queues
+        .iter_mut()
+        .map(|(name, q)| {
+            q.reverse(); // pop() then yields the lowest share number first
+            (
+                Reverse(counts.get(name).copied().unwrap_or(0)),
+                q.len(),
+                Reverse(natural(name)),
+                *name,
+            )
+        })
+        .collect();
     while out.len() < size {
-        let pick = queues
-            .iter()
-            .filter(|(_, q)| !q.is_empty())
-            .min_by_key(|(name, q)| (counts.get(**name).copied().unwrap_or(0), usize::MAX - q.len(), natural(name)))
-            .map(|(name, _)| *name);
-        let Some(name) = pick else { break };
-        let id = queues.get_mut(name).and_then(Vec::pop).expect("non-empty queue");
-        *counts.entry(name.to_string()).or_default() += 1;
-        out.push(id);
+        let Some((Reverse(granted), left, key, name)) = heap.pop() else {
+            break;
+        };
+        let id = queues
+            .get_mut(name)
+            .and_then(Vec::pop)
+            .expect("an entry is pushed only with tokens left");
+        out.push(id.to_string());
+        counts.insert(name, granted + 1);
+        if left > 1 {
+            heap.push((Reverse(granted + 1), left - 1, key, name));
+        }
     }
 }
 

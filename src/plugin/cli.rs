@@ -4,6 +4,7 @@
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
+use super::specfile;
 use crate::names::parse_namespace;
 use anyhow::Context;
 use clap::Parser;
@@ -30,7 +31,11 @@ pub struct PluginCli {
     pub cdi_dir: PathBuf,
 
     /// kubelet's device-plugin folder: holds kubelet.sock and this plugin's sockets.
-    #[arg(long, default_value = "/var/lib/kubelet/device-plugins", value_name = "DIR")]
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/device-plugins",
+        value_name = "DIR"
+    )]
     pub kubelet_dir: PathBuf,
 
     /// Do not serve `<prefix>/rdma.shared`.
@@ -54,6 +59,11 @@ pub struct PluginCli {
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
 
+    /// Spec files larger than this many bytes are refused, and that family
+    /// keeps the tokens it had.
+    #[arg(long, default_value_t = specfile::DEFAULT_MAX_BYTES, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_spec_bytes: u64,
+
     /// Log filter for stderr: error, warn, info, debug or trace.
     #[arg(long, default_value = "info", value_name = "LEVEL")]
     pub log_level: tracing::Level,
@@ -75,8 +85,13 @@ impl PluginCli {
             kubelet_dir: self.kubelet_dir.clone(),
             resources,
             resource_prefix: self.resource_prefix.clone(),
-            delivery: if self.cdi_annotations { CdiDelivery::Annotations } else { CdiDelivery::Field },
+            delivery: if self.cdi_annotations {
+                CdiDelivery::Annotations
+            } else {
+                CdiDelivery::Field
+            },
             poll_interval: self.poll_interval,
+            max_spec_bytes: self.max_spec_bytes,
         }
     }
 }
@@ -85,7 +100,10 @@ impl PluginCli {
 pub fn main() -> ExitCode {
     let cli = PluginCli::parse();
     crate::logging::init(cli.log_level);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             error!("starting the runtime: {e}");

@@ -3,7 +3,11 @@
 pub mod allocate;
 pub mod api;
 pub mod catalog;
-pub mod service;
-pub mod server;
-pub mod uds;
 pub mod cli;
+pub mod loader;
+pub mod quiet;
+pub mod server;
+pub mod service;
+pub mod specfile;
+pub mod uds;
+pub mod watcher;

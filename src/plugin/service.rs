@@ -34,7 +34,12 @@ impl ResourceService {
         delivery: CdiDelivery,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        ResourceService { resource, catalog, delivery, stop }
+        ResourceService {
+            resource,
+            catalog,
+            delivery,
+            stop,
+        }
     }
 }
 
@@ -45,9 +50,16 @@ pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
         .into_iter()
         .map(|t| api::Device {
             id: t.id,
-            health: if t.endpoint.healthy { HEALTHY } else { UNHEALTHY }.into(),
+            health: if t.endpoint.healthy {
+                HEALTHY
+            } else {
+                UNHEALTHY
+            }
+            .into(),
             // No NUMA node known means no hint at all, never a stand-in node 0.
-            topology: t.endpoint.numa.map(|id| api::TopologyInfo { nodes: vec![api::NumaNode { id }] }),
+            topology: t.endpoint.numa.map(|id| api::TopologyInfo {
+                nodes: vec![api::NumaNode { id }],
+            }),
         })
         .collect()
 }
@@ -71,7 +83,10 @@ type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, 
 
 #[tonic::async_trait]
 impl DevicePlugin for ResourceService {
-    async fn get_device_plugin_options(&self, _: Request<api::Empty>) -> Result<Response<api::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
         Ok(Response::new(api::DevicePluginOptions {
             pre_start_required: false,
             get_preferred_allocation_available: true,
@@ -80,7 +95,10 @@ impl DevicePlugin for ResourceService {
 
     type ListAndWatchStream = DeviceStream;
 
-    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut catalog = self.catalog.clone();
         let mut stop = self.stop.clone();
@@ -97,8 +115,16 @@ impl DevicePlugin for ResourceService {
                 let endpoints = current.endpoints(resource.family());
                 if last.as_deref() != Some(endpoints) {
                     let devices = device_list(&current, resource);
-                    info!(resource = resource.suffix(), devices = devices.len(), "sending device list");
-                    if tx.send(Ok(api::ListAndWatchResponse { devices })).await.is_err() {
+                    info!(
+                        resource = resource.suffix(),
+                        devices = devices.len(),
+                        "sending device list"
+                    );
+                    if tx
+                        .send(Ok(api::ListAndWatchResponse { devices }))
+                        .await
+                        .is_err()
+                    {
                         debug!("ListAndWatch client went away");
                         return;
                     }
@@ -126,33 +152,48 @@ impl DevicePlugin for ResourceService {
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
         let catalog = self.catalog.borrow().clone();
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| api::ContainerPreferredAllocationResponse {
-                device_i_ds: allocate::preferred(
-                    &catalog,
-                    self.resource,
-                    &r.available_device_i_ds,
-                    &r.must_include_device_i_ds,
-                    usize::try_from(r.allocation_size).unwrap_or(0),
-                ),
-            })
-            .collect();
-        Ok(Response::new(api::PreferredAllocationResponse { container_responses }))
+        let resource = self.resource;
+        let requests = request.into_inner().container_requests;
+        // Off the runtime thread: a request naming tens of thousands of IDs
+        // must not hold up ListAndWatch, Allocate or registration meanwhile.
+        let container_responses = tokio::task::spawn_blocking(move || {
+            requests
+                .iter()
+                .map(|r| api::ContainerPreferredAllocationResponse {
+                    device_i_ds: allocate::preferred(
+                        &catalog,
+                        resource,
+                        &r.available_device_i_ds,
+                        &r.must_include_device_i_ds,
+                        usize::try_from(r.allocation_size).unwrap_or(0),
+                    ),
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?;
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
-    async fn allocate(&self, request: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
         // Recomputed from the specs as they are now; nothing is remembered.
         let catalog = self.catalog.borrow().clone();
         let container_responses = request
             .into_inner()
             .container_requests
             .iter()
-            .map(|r| allocate::container_response(&catalog, self.resource, &r.devices_ids, self.delivery))
+            .map(|r| {
+                allocate::container_response(&catalog, self.resource, &r.devices_ids, self.delivery)
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Response::new(api::AllocateResponse { container_responses }))
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
     }
 
     async fn pre_start_container(
