@@ -11,5 +11,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;
+    commit();
     Ok(())
+}
+
+/// Sets `NODEFABRIC_COMMIT` for `--version`: the value given to the build
+/// (an image build without `.git`), else `git rev-parse`, else "unknown".
+fn commit() {
+    println!("cargo:rerun-if-env-changed=NODEFABRIC_COMMIT");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+    };
+    // Rebuild when HEAD moves (a worktree keeps HEAD outside `.git/`).
+    for path in [git(&["rev-parse", "--git-path", "HEAD"]), git(&["rev-parse", "--symbolic-full-name", "HEAD"])
+        .and_then(|r| git(&["rev-parse", "--git-path", &r]))]
+    .into_iter()
+    .flatten()
+    // A missing file would make cargo rerun this script on every build.
+    .filter(|p| std::path::Path::new(p).exists())
+    {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    let commit = std::env::var("NODEFABRIC_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=NODEFABRIC_COMMIT={commit}");
 }

@@ -863,7 +863,13 @@ async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_agai
     std::fs::create_dir(d.cdi()).unwrap();
     fixtures::all_ports_down(&d.tree("down"), true);
     publish(&d.tree("down"), &d.cdi());
-    let list = summary(&next_list(&mut stream).await);
+    // The folder may be seen back before the spec is in it: an existing
+    // folder without a spec is the publisher's "no endpoints" (it removes
+    // the file then), so an empty list can come first.
+    let mut list = summary(&next_list(&mut stream).await);
+    if list.is_empty() {
+        list = summary(&next_list(&mut stream).await);
+    }
     assert_eq!(
         list,
         [
@@ -910,4 +916,316 @@ async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, log) = plugin.terminate();
     assert_eq!(log.matches("CDI does not allow").count(), 1, "{log}");
+}
+
+/// One HTTP/1.0 GET, as a probe or a scraper makes it: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(kubelet::WAIT)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A free loopback port for the plugin's HTTP server.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Polls `f` until it returns true, failing after [`kubelet::WAIT`].
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    within(what, async {
+        while !f() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let addr = free_addr();
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
+    );
+    eventually("the HTTP server", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    })
+    .await;
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    let (status, body) = http_get(&addr, "/readyz");
+    assert_eq!(status, 503, "no kubelet: not ready");
+    assert!(
+        body.contains("device.gpustack.ai/rdma is not registered with kubelet"),
+        "{body}"
+    );
+
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    kubelet.registrations(3).await;
+    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    let _stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids(&["mlx5_1"]),
+        }],
+    };
+    plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap();
+    let (status, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2",
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma.shared\",health=\"Healthy\"} 128",
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma.partitioned\",health=\"Healthy\"} 0",
+        "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_registrations_total{resource=\"device.gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_registered{resource=\"device.gpustack.ai/rdma.shared\"} 1",
+        "nodefabric_plugin_list_and_watch_streams{resource=\"device.gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_allocate_duration_seconds_count{resource=\"device.gpustack.ai/rdma\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+
+    // The spec turns into a FIFO: not ready (naming it), alive, counted once.
+    swap_spec(&d.cdi(), mkfifo);
+    let spec = d.cdi().join("nodefabric-rdma.json").display().to_string();
+    eventually("/readyz 503", || http_get(&addr, "/readyz").0 == 503).await;
+    assert!(http_get(&addr, "/readyz").1.contains(&spec));
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = http_get(&addr, "/metrics").1;
+    let errors = "nodefabric_plugin_spec_read_errors_total{family=\"gpustack.ai/rdma\",cause=\"not_regular\"} 1";
+    assert!(metrics.lines().any(|l| l == errors), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "nodefabric_plugin_spec_readable{family=\"gpustack.ai/rdma\"} 0"),
+        "{metrics}"
+    );
+    // The tokens it had are still counted (and served).
+    assert!(metrics.contains(
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2"
+    ));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_stream_and_streams_are_capped(
+) {
+    let d = Dirs::new();
+    let (up, down) = (d.tree("up"), d.tree("down"));
+    fixtures::no_accelerator(&up);
+    fixtures::all_ports_down(&down, true);
+    publish(&up, &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--drain-timeout", "1s", "--poll-interval", "1h"],
+    );
+    kubelet.registrations(3).await;
+
+    // A client with a 1 KiB window that never reads: the 128-token shared
+    // list (about 4 KiB) cannot all be sent, so the plugin's buffers fill.
+    let path = d.kubelet().join(SHARED);
+    let channel = tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .initial_connection_window_size(1024)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut stuck = DevicePluginClient::new(channel)
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    // A slow client that does read, a little late each time.
+    let mut slow = plugin
+        .client(SHARED)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut lists = vec![next_list(&mut slow).await];
+    for tree in [&down, &up, &down] {
+        publish(tree, &d.cdi());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lists.push(next_list(&mut slow).await);
+    }
+    let unhealthy: Vec<usize> = lists
+        .iter()
+        .map(|l| l.iter().filter(|t| t.health == "Unhealthy").count())
+        .collect();
+    assert_eq!(
+        unhealthy,
+        [0, 64, 0, 64],
+        "the slow reader saw every change"
+    );
+
+    eventually("the stuck client's connection to be closed", || {
+        plugin
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("closing its connection"))
+    })
+    .await;
+    // Reading now finds the connection gone, not a list.
+    let ended = within("the stuck stream to fail", async {
+        loop {
+            match stuck.message().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_err(), "{ended:?}");
+
+    // At most MAX_STREAMS (8) streams per resource: the slow one plus seven.
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        held.push(
+            plugin
+                .client(SHARED)
+                .await
+                .list_and_watch(api::Empty {})
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    let refused = plugin
+        .client(SHARED)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    drop(held.pop());
+    within("a freed stream slot", async {
+        while plugin
+            .client(SHARED)
+            .await
+            .list_and_watch(api::Empty {})
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[test]
+fn out_of_range_flags_are_usage_errors_naming_the_flag_and_every_flag_has_an_environment_variable()
+{
+    let bin = env!("CARGO_BIN_EXE_nodefabric-device-plugin");
+    for (args, env, flag) in [
+        (vec!["--poll-interval", "0s"], None, "--poll-interval"),
+        (
+            vec![],
+            Some(("NODEFABRIC_POLL_INTERVAL", "0s")),
+            "--poll-interval",
+        ),
+        (vec!["--drain-timeout", "10000h"], None, "--drain-timeout"),
+        (vec!["--max-spec-bytes", "0"], None, "--max-spec-bytes"),
+        (
+            vec![],
+            Some(("NODEFABRIC_METRICS_ADDR", "localhost")),
+            "--metrics-addr",
+        ),
+    ] {
+        let mut cmd = Command::new(bin);
+        cmd.args(&args)
+            .env("NODEFABRIC_KUBELET_DIR", "/nonexistent");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
+        assert!(err.contains(flag), "{args:?} {env:?}: {err}");
+    }
+    let help = String::from_utf8(Command::new(bin).arg("--help").output().unwrap().stdout).unwrap();
+    let flags = help
+        .lines()
+        .filter(|l| {
+            l.trim_start().starts_with("--") && !l.contains("--help") && !l.contains("--version")
+        })
+        .count();
+    assert_eq!(help.matches("[env: NODEFABRIC_").count(), flags, "{help}");
+    let version =
+        String::from_utf8(Command::new(bin).arg("--version").output().unwrap().stdout).unwrap();
+    let commit = version
+        .split("(commit ")
+        .nth(1)
+        .unwrap_or_default()
+        .trim_end()
+        .trim_end_matches(')');
+    assert!(
+        !commit.is_empty() && commit.chars().all(|c| c.is_ascii_hexdigit()) || commit == "unknown",
+        "{version}"
+    );
+}
+
+#[tokio::test]
+async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
+        .env("NODEFABRIC_KUBELET_DIR", d.kubelet())
+        .env("NODEFABRIC_CDI_DIR", d.cdi())
+        .env("NODEFABRIC_NO_SHARED", "true")
+        .env("NODEFABRIC_NO_PARTITIONED", "1")
+        .env("NODEFABRIC_RESOURCE_PREFIX", "env.example.com")
+        .args(["--resource-prefix", "flag.example.com"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let plugin = Plugin {
+        child,
+        kubelet_dir: d.kubelet(),
+        log: Default::default(),
+        reader: None,
+    };
+    let regs = kubelet.registrations(1).await;
+    assert_eq!(regs[0].resource_name, "flag.example.com/rdma");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        kubelet.registered.try_recv().is_err(),
+        "shared and partitioned are off"
+    );
+    drop(plugin);
 }

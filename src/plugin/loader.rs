@@ -30,8 +30,9 @@ pub struct Outcome {
     /// Repeats every look while the cause lasts; the caller de-duplicates
     /// the log.
     pub unreadable: Vec<(Family, &'static str, String)>,
-    /// Refusals that are new this look, for the read-error counter.
-    pub new_errors: Vec<&'static str>,
+    /// Refusals that are new this look (family, cause word), for the
+    /// read-error counter.
+    pub new_errors: Vec<(Family, &'static str)>,
 }
 
 /// Reads the families' spec files from one folder, remembering enough to
@@ -72,7 +73,7 @@ impl Loader {
             }
             if let Some((cause, _)) = &seen.error {
                 if seen.error != before {
-                    out.new_errors.push(cause);
+                    out.new_errors.push((family, cause));
                 }
             }
             if let Some((cause, msg)) = &seen.error {
@@ -224,7 +225,7 @@ mod tests {
         let (c, out) = loader.load(&served);
         assert_eq!(c, served, "Failed tokens included, nothing withdrawn");
         assert_eq!(out.unreadable[0].1, "dangling_link");
-        assert_eq!(out.new_errors, ["dangling_link"]);
+        assert_eq!(out.new_errors, [(Family::Whole, "dangling_link")]);
         let (_, out) = loader.load(&served);
         assert!(out.new_errors.is_empty(), "the same cause is not new");
 
@@ -261,7 +262,7 @@ mod tests {
         assert!(names(&c).is_empty());
         assert_eq!(
             (out.unreadable[0].1, out.new_errors.clone()),
-            ("malformed", vec!["malformed"])
+            ("malformed", vec![(Family::Whole, "malformed")])
         );
         let (_, out) = loader.load(&c);
         assert_eq!(out.unreadable.len(), 1, "still unreadable for readiness");

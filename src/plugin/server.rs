@@ -17,13 +17,17 @@ use super::api::{
 };
 use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
+use super::conn;
+use super::http;
 use super::loader::{Loader, Outcome};
+use super::metrics::Observed;
 use super::quiet::Quiet;
-use super::service::ResourceService;
+use super::service::{ResourceService, Shared};
 use super::uds;
 use super::watcher::FolderWatch;
 use anyhow::{Context, Result};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +35,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
 /// kubelet's registration socket in its device-plugin folder.
@@ -57,6 +60,11 @@ pub struct Config {
     pub poll_interval: Duration,
     /// Spec files larger than this are refused (the family keeps its tokens).
     pub max_spec_bytes: u64,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`; `None` serves none.
+    pub metrics_addr: Option<SocketAddr>,
+    /// How long a ListAndWatch client may leave a list untaken before its
+    /// connection is closed.
+    pub drain_timeout: Duration,
 }
 
 impl Config {
@@ -120,6 +128,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             config.poll_interval
         );
     }
+    let names: Vec<(Resource, String)> = config
+        .resources
+        .iter()
+        .map(|&r| (r, config.resource_name(r)))
+        .collect();
+    let observed = Arc::new(Observed::new(
+        &names.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
+    ));
+    observed.catalog(&catalog_rx.borrow(), &names);
+    let _http = match config.metrics_addr {
+        Some(addr) => Some(http::serve(addr, observed.clone()).await?),
+        None => None,
+    };
     let mut loader = Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes));
     let mut quiet = Quiet::default();
     let mut tick = tokio::time::interval(config.poll_interval);
@@ -138,6 +159,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             .take()
             .expect("the loader is put back after every look");
         // Off the runtime thread: file I/O must never stall the gRPC servers.
+        observed.loading(true);
         let (l, fresh, outcome) = tokio::task::spawn_blocking(move || {
             let (c, o) = l.load(&served);
             (l, c, o)
@@ -145,13 +167,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .await
         .context("reading the CDI specs")?;
         loader = Some(l);
+        observed.loading(false);
         report(&mut quiet, &config, &outcome);
+        observed.look(
+            &outcome.reloaded,
+            &outcome.new_errors,
+            outcome
+                .unreadable
+                .iter()
+                .map(|(f, _, m)| (*f, m.clone()))
+                .collect(),
+        );
         if fresh != **catalog_tx.borrow() {
             info!(
                 whole = fresh.endpoints(crate::cdi::Family::Whole).len(),
                 partitioned = fresh.endpoints(crate::cdi::Family::Partitioned).len(),
                 "CDI specs read"
             );
+            observed.catalog(&fresh, &names);
             catalog_tx.send_replace(Arc::new(fresh));
         }
         if let Some(why) = needs_registration(&config, current.as_ref()) {
@@ -161,7 +194,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                     info!("re-registering: {why}");
                     old.shut();
                 }
-                match start(&config, &catalog_rx).await {
+                observed.unregistered();
+                match start(&config, &catalog_rx, &observed).await {
                     Ok(g) => {
                         current = Some(g);
                         backoff = BACKOFF_FIRST;
@@ -169,6 +203,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                         quiet.clear(KUBELET_SUBJECT, || "kubelet answered: registered".into());
                     }
                     Err(e) => {
+                        observed.unregistered();
                         quiet.warn(
                             KUBELET_SUBJECT,
                             format!("waiting for kubelet, retrying with backoff: {e:#}"),
@@ -247,7 +282,11 @@ fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<S
 }
 
 /// Serves every resource on a fresh socket, then registers each with kubelet.
-async fn start(config: &Config, catalog: &watch::Receiver<Arc<Catalog>>) -> Result<Generation> {
+async fn start(
+    config: &Config,
+    catalog: &watch::Receiver<Arc<Catalog>>,
+    observed: &Arc<Observed>,
+) -> Result<Generation> {
     let kubelet_sock = config.kubelet_dir.join(KUBELET_SOCKET);
     let kubelet = kubelet_identity(&config.kubelet_dir)
         .with_context(|| format!("{} does not exist", kubelet_sock.display()))?;
@@ -256,10 +295,17 @@ async fn start(config: &Config, catalog: &watch::Receiver<Arc<Catalog>>) -> Resu
     // Serve before registering: kubelet calls GetDevicePluginOptions while Register is in flight.
     for &r in &config.resources {
         let listener = uds::bind(&config.kubelet_dir.join(r.socket_name()))?;
-        let svc = ResourceService::new(r, catalog.clone(), config.delivery, stop_rx.clone());
+        let shared = Shared {
+            catalog: catalog.clone(),
+            delivery: config.delivery,
+            stop: stop_rx.clone(),
+            observed: observed.clone(),
+            drain_timeout: config.drain_timeout,
+        };
+        let svc = ResourceService::new(r, config.resource_name(r), shared);
         let server = tonic::transport::Server::builder()
             .add_service(DevicePluginServer::new(svc))
-            .serve_with_incoming(UnixListenerStream::new(listener));
+            .serve_with_incoming(conn::incoming(listener));
         servers.push(tokio::spawn(async move {
             if let Err(e) = server.await {
                 warn!("{} server stopped: {e}", r.suffix());
@@ -271,14 +317,14 @@ async fn start(config: &Config, catalog: &watch::Receiver<Arc<Catalog>>) -> Resu
         servers,
         kubelet,
     };
-    if let Err(e) = register_all(config, &kubelet_sock).await {
+    if let Err(e) = register_all(config, &kubelet_sock, observed).await {
         generation.shut();
         return Err(e);
     }
     Ok(generation)
 }
 
-async fn register_all(config: &Config, kubelet_sock: &Path) -> Result<()> {
+async fn register_all(config: &Config, kubelet_sock: &Path, observed: &Observed) -> Result<()> {
     let mut client = RegistrationClient::new(uds::connect(kubelet_sock).await?);
     for &r in &config.resources {
         let request = RegisterRequest {
@@ -302,6 +348,7 @@ async fn register_all(config: &Config, kubelet_sock: &Path) -> Result<()> {
             socket = r.socket_name(),
             "registered with kubelet"
         );
+        observed.registered(&config.resource_name(r));
     }
     Ok(())
 }
