@@ -798,8 +798,13 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
-    // No kubelet yet; debug level, so a reload or a wake would show.
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--log-level", "debug"]);
+    // No kubelet yet; debug level, so a wake would show.
+    let addr = free_addr();
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--log-level", "debug", "--metrics-addr", &addr],
+    );
     tokio::time::sleep(Duration::from_secs(4)).await;
     let waiting = plugin
         .log_lines()
@@ -820,9 +825,16 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
         .into_inner();
     assert_eq!(next_list(&mut stream).await.len(), 2);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let reloads = "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1";
+    assert!(http_get(&addr, "/metrics").1.lines().any(|l| l == reloads));
     let settled = plugin.log_lines().len();
     // Longer than the default poll interval (10 s): the tick only stats.
     tokio::time::sleep(Duration::from_secs(11)).await;
+    let metrics = http_get(&addr, "/metrics").1;
+    assert!(
+        metrics.lines().any(|l| l == reloads),
+        "a reload while idle:\n{metrics}"
+    );
     let log = plugin.log_lines();
     assert_eq!(
         log.len(),

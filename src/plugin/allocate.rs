@@ -95,11 +95,13 @@ pub fn annotation_key(resource: Resource) -> String {
     format!("{CDI_ANNOTATION_PREFIX}nodefabric_{}", resource.suffix())
 }
 
-/// A token ID and the endpoint it stands for.
-type Candidate<'a> = (&'a str, &'a Endpoint);
+/// A token ID, the endpoint it stands for, and that endpoint's rank in
+/// natural name order.
+type Candidate<'a> = (&'a str, &'a Endpoint, usize);
 
 /// The preferred IDs for one container (see the module docs for the order).
-/// O(n log n) in the available IDs: kubelet may offer tens of thousands.
+/// O(n log n) in the available IDs, with no allocation per ID beyond the
+/// answer: kubelet may offer tens of thousands.
 pub fn preferred(
     catalog: &Catalog,
     resource: Resource,
@@ -117,18 +119,36 @@ pub fn preferred(
     if out.len() >= size {
         return out;
     }
-    // Candidates: available, ours, not already chosen, each once.
-    let mut seen: HashSet<&str> = HashSet::new();
-    let mut cands: Vec<Candidate> = available
+    // Each endpoint's place in natural order (mlx5_2 before mlx5_10),
+    // computed once per endpoint rather than once per ID.
+    let eps = catalog.endpoints(resource.family());
+    let mut by_name: Vec<usize> = (0..eps.len()).collect();
+    by_name.sort_by_cached_key(|&i| natural(&eps[i].name));
+    let mut rank = vec![0; eps.len()];
+    for (r, &i) in by_name.iter().enumerate() {
+        rank[i] = r;
+    }
+    // Candidates: available, ours, not already chosen, in (endpoint, share)
+    // order, each once: an (endpoint, share) pair has exactly one spelling.
+    let mut located: Vec<(usize, u32, &str)> = available
         .iter()
         .map(String::as_str)
-        .filter(|id| !chosen.contains(id) && seen.insert(id))
-        .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id, ep)))
+        .filter(|id| !chosen.contains(id))
+        .filter_map(|id| {
+            catalog
+                .locate(resource, id)
+                .map(|(i, share)| (i, share, id))
+        })
         .collect();
-    cands.sort_by_cached_key(|c| natural(c.0));
+    located.sort_unstable_by_key(|&(i, share, _)| (rank[i], share));
+    located.dedup_by_key(|&mut (i, share, _)| (i, share));
+    let cands: Vec<Candidate> = located
+        .into_iter()
+        .map(|(i, _, id)| (id, &eps[i], rank[i]))
+        .collect();
     let need = size - out.len();
 
-    let per_node = count_per_node(cands.iter().map(|(_, ep)| *ep));
+    let per_node = count_per_node(cands.iter().map(|(_, ep, _)| *ep));
     let anchor = count_per_node(
         must_include
             .iter()
@@ -172,7 +192,7 @@ pub fn preferred(
                 group
                     .into_iter()
                     .take(size - out.len())
-                    .map(|(id, _)| id.to_string()),
+                    .map(|(id, _, _)| id.to_string()),
             );
         }
     }
@@ -206,36 +226,38 @@ fn spread<'a>(
     out: &mut Vec<String>,
     size: usize,
 ) {
-    let mut queues: BTreeMap<&'a str, Vec<&'a str>> = BTreeMap::new();
-    for (id, ep) in group {
-        queues.entry(ep.name.as_str()).or_default().push(id);
+    // One queue per endpoint, keyed by its natural rank; candidates arrive
+    // in share order.
+    let mut queues: BTreeMap<usize, (&'a str, Vec<&'a str>)> = BTreeMap::new();
+    for (id, ep, rank) in group {
+        queues
+            .entry(rank)
+            .or_insert_with(|| (ep.name.as_str(), Vec::new()))
+            .1
+            .push(id);
     }
-    // Max-heap entry: fewest granted, then most left, then smallest name.
-    type Entry<'a> = (Reverse<usize>, usize, Reverse<Vec<(String, u64)>>, &'a str);
-    let mut heap: BinaryHeap<Entry<'a>> = queues
+    // Max-heap entry: fewest granted, then most left, then first in natural order.
+    let mut heap: BinaryHeap<(Reverse<usize>, usize, Reverse<usize>)> = queues
         .iter_mut()
-        .map(|(name, q)| {
+        .map(|(rank, (name, q))| {
             q.reverse(); // pop() then yields the lowest share number first
             (
                 Reverse(counts.get(name).copied().unwrap_or(0)),
                 q.len(),
-                Reverse(natural(name)),
-                *name,
+                Reverse(*rank),
             )
         })
         .collect();
     while out.len() < size {
-        let Some((Reverse(granted), left, key, name)) = heap.pop() else {
+        let Some((Reverse(granted), left, Reverse(rank))) = heap.pop() else {
             break;
         };
-        let id = queues
-            .get_mut(name)
-            .and_then(Vec::pop)
-            .expect("an entry is pushed only with tokens left");
+        let (name, q) = queues.get_mut(&rank).expect("every heap entry has a queue");
+        let id = q.pop().expect("an entry is pushed only with tokens left");
         out.push(id.to_string());
         counts.insert(name, granted + 1);
         if left > 1 {
-            heap.push((Reverse(granted + 1), left - 1, key, name));
+            heap.push((Reverse(granted + 1), left - 1, Reverse(rank)));
         }
     }
 }
@@ -263,7 +285,69 @@ fn natural(s: &str) -> Vec<(String, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::natural;
+    use super::*;
+    use crate::cdi::Family;
+    use crate::plugin::catalog::shared_id;
+
+    /// `n` endpoints `ep0…`, the first half on NUMA node 0, the rest on 1.
+    fn catalog(n: usize) -> Catalog {
+        let eps = (0..n)
+            .map(|i| Endpoint {
+                name: format!("ep{i}"),
+                cdi_name: format!("k=ep{i}"),
+                numa: Some(if i < n / 2 { 0 } else { 1 }),
+                healthy: true,
+                unusable: None,
+            })
+            .collect::<Vec<_>>();
+        let mut eps = eps;
+        eps.sort_by(|a, b| a.name.cmp(&b.name));
+        Catalog::default().with_family(Family::Whole, eps)
+    }
+
+    #[test]
+    fn forty_thousand_shared_ids_each_come_back_once_spread_over_every_endpoint_first() {
+        let c = catalog(625);
+        let all: Vec<String> = (0..625)
+            .flat_map(|e| (0..64).map(move |s| shared_id(&format!("ep{e}"), s)))
+            .collect();
+        let got = preferred(&c, Resource::Shared, &all, &[], all.len());
+        assert_eq!(got.len(), 40_000);
+        assert_eq!(
+            got.iter().collect::<HashSet<_>>().len(),
+            40_000,
+            "no ID twice"
+        );
+        let endpoint = |id: &String| {
+            id.rsplit_once("-shared-").unwrap().0[2..]
+                .parse::<usize>()
+                .unwrap()
+        };
+        // Too big for one node: the fuller node 1 (ep312…ep624) first, one
+        // share per endpoint before any gets a second.
+        let first: HashSet<usize> = got[..313].iter().map(endpoint).collect();
+        assert_eq!(first.len(), 313);
+        assert!(first.iter().all(|e| *e >= 312));
+        // 300 fit on either node: the smaller (node 0), 300 distinct endpoints.
+        let some = preferred(&c, Resource::Shared, &all, &[], 300);
+        let picked: HashSet<usize> = some.iter().map(endpoint).collect();
+        assert_eq!(picked.len(), 300);
+        assert!(picked.iter().all(|e| *e < 312));
+    }
+
+    #[test]
+    fn duplicated_and_unknown_ids_are_neither_repeated_nor_offered() {
+        let c = catalog(4);
+        let avail = vec!["ep0".to_string(), "ep0".into(), "nope".into(), "ep1".into()];
+        let got = preferred(
+            &c,
+            Resource::Exclusive,
+            &avail,
+            &["ep1".to_string(), "ep1".into()],
+            3,
+        );
+        assert_eq!(got, ["ep1", "ep0"]);
+    }
 
     #[test]
     fn natural_order() {

@@ -128,11 +128,18 @@ impl Catalog {
         }
     }
 
-    /// The endpoint a token ID stands for in a resource, if any. A binary
-    /// search (endpoints are sorted by name), so resolving every ID of a
-    /// 40,000-token request stays cheap.
+    /// The endpoint a token ID stands for in a resource, if any.
     pub fn resolve(&self, resource: Resource, id: &str) -> Option<&Endpoint> {
-        let name = match resource {
+        let (i, _) = self.locate(resource, id)?;
+        Some(&self.endpoints(resource.family())[i])
+    }
+
+    /// Where a token ID points: the index of its endpoint in
+    /// [`Self::endpoints`] and its share number (0 outside `rdma.shared`).
+    /// A binary search (endpoints are sorted by name), so locating every ID
+    /// of a 40,000-token request stays cheap.
+    pub fn locate(&self, resource: Resource, id: &str) -> Option<(usize, u32)> {
+        let (name, share) = match resource {
             Resource::Shared => {
                 let (name, share) = id.rsplit_once(SHARED_INFIX)?;
                 // Only the exact spelling we advertise: "07", never "7" or "007".
@@ -143,14 +150,13 @@ impl Catalog {
                 if n >= SHARED_TOKENS {
                     return None;
                 }
-                name
+                (name, n)
             }
-            _ => id,
+            _ => (id, 0),
         };
         let eps = self.endpoints(resource.family());
-        eps.binary_search_by(|ep| ep.name.as_str().cmp(name))
-            .ok()
-            .map(|i| &eps[i])
+        let i = eps.binary_search_by(|ep| ep.name.as_str().cmp(name)).ok()?;
+        Some((i, share))
     }
 }
 
