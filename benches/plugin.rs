@@ -26,7 +26,7 @@ const ALLOCATIONS: usize = 2000;
 const UPDATES: usize = 30;
 /// Endpoints whose 64 shares make the 40,000 IDs of the preferred-allocation run.
 const PREFERRED_ENDPOINTS: usize = 625;
-const PREFERRED_RUNS: usize = 10;
+const PREFERRED_RUNS: usize = 20;
 const IDLE: Duration = Duration::from_secs(60);
 
 /// One HTTP/1.0 GET of the plugin's metrics server: the body.
@@ -254,7 +254,10 @@ async fn main() {
     assert_eq!(shared_ids.len(), 40_000);
     let mut shared = client("nodefabric-rdma-shared.sock").await;
     let mut preferred_rows = String::new();
-    for size in [8usize, 640, 40_000] {
+    let histogram = "nodefabric_plugin_preferred_allocation_duration_seconds";
+    // Size 0 returns at once: what transport and decoding alone cost.
+    for size in [0usize, 8, 640, 40_000] {
+        let before = scrape(&addr);
         let mut lat = Vec::with_capacity(PREFERRED_RUNS);
         for _ in 0..PREFERRED_RUNS {
             let req = api::PreferredAllocationRequest {
@@ -274,10 +277,17 @@ async fn main() {
             assert_eq!(resp.container_responses[0].device_i_ds.len(), size);
         }
         lat.sort();
+        // The plugin's own histogram: the time inside the handler.
+        let after = scrape(&addr);
+        let inside = (total(&after, &format!("{histogram}_sum"))
+            - total(&before, &format!("{histogram}_sum")))
+            / (total(&after, &format!("{histogram}_count"))
+                - total(&before, &format!("{histogram}_count")));
         preferred_rows += &format!(
-            "| GetPreferredAllocation, 40,000 available, size {size}: p50 / max | {:.1} / {:.1} ms | max ≤ 50 ms |\n",
+            "| GetPreferredAllocation, 40,000 available, size {size}: p50 / max at the client (mean in the handler) | {:.1} / {:.1} ms ({:.1} ms) | ≤ 50 ms |\n",
             lat[lat.len() / 2].as_secs_f64() * 1e3,
-            lat.last().unwrap().as_secs_f64() * 1e3
+            lat.last().unwrap().as_secs_f64() * 1e3,
+            inside * 1e3,
         );
     }
     child.kill().unwrap();
@@ -302,7 +312,9 @@ async fn main() {
          spec rewrites (dot-file temp + rename, one link flipped), timed to the matching ListAndWatch message, \
          delivered by the folder watch. GetPreferredAllocation: the spec grown to {PREFERRED_ENDPOINTS} endpoints \
          (40,000 shared tokens), every shared ID offered as available, {PREFERRED_RUNS} calls per size, timed at the \
-         client (request encoding and transfer included). \
+         client (encoding, transfer and decoding included: the request carries about 800 KB, the size-40,000 answer as \
+         much again; size 0 returns at once and so measures the request alone) and, from the plugin's own histogram, \
+         inside the handler. The machine is shared with other builds: figures vary by 2-3x between runs. \
          Targets: idle RSS ≤ 10 MiB, no reload and no log line while idle, Allocate p99 ≤ 1 ms, update ≤ 1 s, \
          GetPreferredAllocation ≤ 50 ms.\n\n\
          | measure | value | target |\n|---|---|---|\n\
