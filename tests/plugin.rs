@@ -721,6 +721,9 @@ fn swap_spec(cdi: &Path, make: impl FnOnce(&Path)) {
     make(&path);
 }
 
+/// Creates a file of some hostile kind at the path it is given.
+type MakeFile = Box<dyn FnOnce(&Path)>;
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
@@ -747,7 +750,7 @@ async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_
     assert_eq!(summary(&list_once(&plugin, EXCLUSIVE).await), want);
 
     let cdi = d.cdi();
-    let hostile: [(&str, Box<dyn FnOnce(&Path)>); 4] = [
+    let hostile: [(&str, MakeFile); 4] = [
         ("FIFO", Box::new(mkfifo)),
         (
             "character device",

@@ -133,7 +133,8 @@ pub fn preferred(
     let mut located: Vec<(usize, u32, &str)> = available
         .iter()
         .map(String::as_str)
-        .filter(|id| !chosen.contains(id))
+        // Usually nothing is must-include: then no ID is hashed.
+        .filter(|id| chosen.is_empty() || !chosen.contains(id))
         .filter_map(|id| {
             catalog
                 .locate(resource, id)

@@ -141,12 +141,19 @@ impl Catalog {
     pub fn locate(&self, resource: Resource, id: &str) -> Option<(usize, u32)> {
         let (name, share) = match resource {
             Resource::Shared => {
-                let (name, share) = id.rsplit_once(SHARED_INFIX)?;
-                // Only the exact spelling we advertise: "07", never "7" or "007".
-                if share.len() != 2 || !share.bytes().all(|b| b.is_ascii_digit()) {
+                // Only the exact spelling we advertise, "<endpoint>-shared-07":
+                // two ASCII digits (never "7" or "007") after the infix. Checked
+                // from the end, with no substring search per ID.
+                let b = id.as_bytes();
+                if b.len() < SHARED_INFIX.len() + 2
+                    || !b[b.len() - 2..].iter().all(u8::is_ascii_digit)
+                {
                     return None;
                 }
-                let n: u32 = share.parse().ok()?;
+                // The last two bytes are ASCII, so this is a char boundary.
+                let (head, _) = id.split_at(id.len() - 2);
+                let name = head.strip_suffix(SHARED_INFIX)?;
+                let n = u32::from(b[b.len() - 2] - b'0') * 10 + u32::from(b[b.len() - 1] - b'0');
                 if n >= SHARED_TOKENS {
                     return None;
                 }
@@ -224,4 +231,47 @@ pub fn parse(bytes: &[u8], path: &Path, family: Family) -> Result<Spec, SpecRead
         });
     }
     Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_id_resolves_only_in_its_exact_spelling_and_hostile_ids_do_not_panic() {
+        let ep = |name: &str| Endpoint {
+            name: name.into(),
+            cdi_name: format!("k={name}"),
+            numa: None,
+            healthy: true,
+            unusable: None,
+        };
+        let c = Catalog::default().with_family(Family::Whole, vec![ep("mlx5_0"), ep("mlx5_1")]);
+        assert_eq!(c.locate(Resource::Shared, "mlx5_1-shared-07"), Some((1, 7)));
+        assert_eq!(
+            c.locate(Resource::Shared, "mlx5_0-shared-63"),
+            Some((0, 63))
+        );
+        assert_eq!(c.locate(Resource::Exclusive, "mlx5_1"), Some((1, 0)));
+        for bad in [
+            "mlx5_0-shared-64",
+            "mlx5_0-shared-7",
+            "mlx5_0-shared-007",
+            "mlx5_0-shared-0é",
+            "é-shared-07",
+            "-shared-07",
+            "shared-07",
+            "mlx5_0",
+            "mlx5_2-shared-00",
+            "",
+        ] {
+            assert_eq!(c.locate(Resource::Shared, bad), None, "{bad:?}");
+        }
+        assert_eq!(c.locate(Resource::Exclusive, "mlx5_0-shared-00"), None);
+        assert_eq!(
+            c.locate(Resource::Partitioned, "mlx5_0"),
+            None,
+            "another family"
+        );
+    }
 }
