@@ -95,13 +95,18 @@ pub fn annotation_key(resource: Resource) -> String {
     format!("{CDI_ANNOTATION_PREFIX}nodefabric_{}", resource.suffix())
 }
 
-/// A token ID, the endpoint it stands for, and that endpoint's rank in
-/// natural name order.
-type Candidate<'a> = (&'a str, &'a Endpoint, usize);
+/// The offered IDs of one endpoint, in share order: candidates are handled
+/// per endpoint (hundreds), not per ID (tens of thousands).
+struct Run<'a> {
+    endpoint: &'a Endpoint,
+    /// The endpoint's place in natural name order.
+    rank: usize,
+    ids: Vec<&'a str>,
+}
 
 /// The preferred IDs for one container (see the module docs for the order).
-/// O(n log n) in the available IDs, with no allocation per ID beyond the
-/// answer: kubelet may offer tens of thousands.
+/// Per ID only a lookup and one integer sort: kubelet may offer tens of
+/// thousands.
 pub fn preferred(
     catalog: &Catalog,
     resource: Resource,
@@ -128,33 +133,50 @@ pub fn preferred(
     for (r, &i) in by_name.iter().enumerate() {
         rank[i] = r;
     }
-    // Candidates: available, ours, not already chosen, in (endpoint, share)
-    // order, each once: an (endpoint, share) pair has exactly one spelling.
-    let mut located: Vec<(usize, u32, &str)> = available
-        .iter()
-        .map(String::as_str)
+    // Candidates: available, ours, not already chosen, bucketed by endpoint
+    // (in natural order), each bucket in share order and each ID once: an
+    // (endpoint, share) pair has exactly one spelling. Linear in the IDs,
+    // with only small per-endpoint sorts.
+    let mut buckets: Vec<Vec<(u32, &str)>> = vec![Vec::new(); eps.len()];
+    for id in available.iter().map(String::as_str) {
         // Usually nothing is must-include: then no ID is hashed.
-        .filter(|id| chosen.is_empty() || !chosen.contains(id))
-        .filter_map(|id| {
-            catalog
-                .locate(resource, id)
-                .map(|(i, share)| (i, share, id))
-        })
-        .collect();
-    located.sort_unstable_by_key(|&(i, share, _)| (rank[i], share));
-    located.dedup_by_key(|&mut (i, share, _)| (i, share));
-    let cands: Vec<Candidate> = located
+        if !chosen.is_empty() && chosen.contains(id) {
+            continue;
+        }
+        if let Some((i, share)) = catalog.locate(resource, id) {
+            buckets[rank[i]].push((share, id));
+        }
+    }
+    let runs: Vec<Run> = buckets
         .into_iter()
-        .map(|(i, _, id)| (id, &eps[i], rank[i]))
+        .zip(by_name.iter())
+        .enumerate()
+        .filter(|(_, (b, _))| !b.is_empty())
+        .map(|(r, (mut b, &i))| {
+            b.sort_unstable_by_key(|&(share, _)| share);
+            b.dedup_by_key(|&mut (share, _)| share);
+            Run {
+                endpoint: &eps[i],
+                rank: r,
+                ids: b.into_iter().map(|(_, id)| id).collect(),
+            }
+        })
         .collect();
     let need = size - out.len();
 
-    let per_node = count_per_node(cands.iter().map(|(_, ep, _)| *ep));
-    let anchor = count_per_node(
-        must_include
-            .iter()
-            .filter_map(|id| catalog.resolve(resource, id)),
-    );
+    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
+    for run in &runs {
+        if let Some(n) = run.endpoint.numa {
+            *per_node.entry(n).or_default() += run.ids.len();
+        }
+    }
+    let mut anchor: BTreeMap<i64, usize> = BTreeMap::new();
+    for n in must_include
+        .iter()
+        .filter_map(|id| catalog.resolve(resource, id)?.numa)
+    {
+        *anchor.entry(n).or_default() += 1;
+    }
     let target = fullest(&anchor)
         .or_else(|| {
             per_node
@@ -165,16 +187,20 @@ pub fn preferred(
         })
         .or_else(|| fullest(&per_node));
     // Node order: the target, then the others fullest first, then no node.
-    let rank = |numa: Option<i64>| -> (u8, i64, i64) {
+    let node_order = |numa: Option<i64>| -> (u8, i64, i64) {
         match numa {
             Some(n) if Some(n) == target => (0, 0, n),
             Some(n) => (1, -(per_node[&n] as i64), n),
             None => (2, 0, 0),
         }
     };
-    let mut groups: BTreeMap<(u8, i64, i64), Vec<Candidate>> = BTreeMap::new();
-    for c in cands {
-        groups.entry(rank(c.1.numa)).or_default().push(c);
+    // Runs are in rank order, and stay so within each group.
+    let mut groups: BTreeMap<(u8, i64, i64), Vec<Run>> = BTreeMap::new();
+    for run in runs {
+        groups
+            .entry(node_order(run.endpoint.numa))
+            .or_default()
+            .push(run);
     }
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for id in &out {
@@ -187,27 +213,19 @@ pub fn preferred(
             break;
         }
         if resource == Resource::Shared {
-            spread(group, &mut counts, &mut out, size);
+            spread(&group, &mut counts, &mut out, size);
         } else {
+            let room = size - out.len();
             out.extend(
                 group
-                    .into_iter()
-                    .take(size - out.len())
-                    .map(|(id, _, _)| id.to_string()),
+                    .iter()
+                    .flat_map(|r| r.ids.iter())
+                    .take(room)
+                    .map(|id| id.to_string()),
             );
         }
     }
     out
-}
-
-/// How many of the tokens' endpoints sit on each NUMA node (tokens without
-/// one are not counted).
-fn count_per_node<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> BTreeMap<i64, usize> {
-    let mut per_node = BTreeMap::new();
-    for n in endpoints.filter_map(|ep| ep.numa) {
-        *per_node.entry(n).or_default() += 1;
-    }
-    per_node
 }
 
 /// The node with the most tokens, the lowest number on a tie.
@@ -219,46 +237,33 @@ fn fullest(per_node: &BTreeMap<i64, usize>) -> Option<i64> {
 }
 
 /// Picks shared tokens one at a time onto the least-used endpoint: fewest
-/// granted in this request, then most still available, then by name. A
-/// heap keeps each pick O(log endpoints).
+/// granted in this request, then most still available, then first in
+/// natural order. A heap keeps each pick O(log endpoints).
 fn spread<'a>(
-    group: Vec<Candidate<'a>>,
+    group: &[Run<'a>],
     counts: &mut HashMap<&'a str, usize>,
     out: &mut Vec<String>,
     size: usize,
 ) {
-    // One queue per endpoint, keyed by its natural rank; candidates arrive
-    // in share order.
-    let mut queues: BTreeMap<usize, (&'a str, Vec<&'a str>)> = BTreeMap::new();
-    for (id, ep, rank) in group {
-        queues
-            .entry(rank)
-            .or_insert_with(|| (ep.name.as_str(), Vec::new()))
-            .1
-            .push(id);
-    }
-    // Max-heap entry: fewest granted, then most left, then first in natural order.
-    let mut heap: BinaryHeap<(Reverse<usize>, usize, Reverse<usize>)> = queues
-        .iter_mut()
-        .map(|(rank, (name, q))| {
-            q.reverse(); // pop() then yields the lowest share number first
-            (
-                Reverse(counts.get(name).copied().unwrap_or(0)),
-                q.len(),
-                Reverse(*rank),
-            )
+    // Max-heap entry: fewest granted, most left, lowest rank; then the run
+    // and how many of its IDs (lowest share first) are taken.
+    let mut heap: BinaryHeap<(Reverse<usize>, usize, Reverse<usize>, usize, usize)> = group
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let granted = counts.get(r.endpoint.name.as_str()).copied().unwrap_or(0);
+            (Reverse(granted), r.ids.len(), Reverse(r.rank), i, 0)
         })
         .collect();
     while out.len() < size {
-        let Some((Reverse(granted), left, Reverse(rank))) = heap.pop() else {
+        let Some((Reverse(granted), left, rank, i, taken)) = heap.pop() else {
             break;
         };
-        let (name, q) = queues.get_mut(&rank).expect("every heap entry has a queue");
-        let id = q.pop().expect("an entry is pushed only with tokens left");
-        out.push(id.to_string());
-        counts.insert(name, granted + 1);
+        let run = &group[i];
+        out.push(run.ids[taken].to_string());
+        counts.insert(run.endpoint.name.as_str(), granted + 1);
         if left > 1 {
-            heap.push((Reverse(granted + 1), left - 1, Reverse(rank)));
+            heap.push((Reverse(granted + 1), left - 1, rank, i, taken + 1));
         }
     }
 }
