@@ -236,6 +236,11 @@ fn fullest(per_node: &BTreeMap<i64, usize>) -> Option<i64> {
         .map(|(n, _)| *n)
 }
 
+/// A heap entry of [`spread`], greatest first: fewest granted, most left,
+/// lowest rank; then the run and how many of its IDs (lowest share first)
+/// are taken.
+type Pick = (Reverse<usize>, usize, Reverse<usize>, usize, usize);
+
 /// Picks shared tokens one at a time onto the least-used endpoint: fewest
 /// granted in this request, then most still available, then first in
 /// natural order. A heap keeps each pick O(log endpoints).
@@ -245,9 +250,7 @@ fn spread<'a>(
     out: &mut Vec<String>,
     size: usize,
 ) {
-    // Max-heap entry: fewest granted, most left, lowest rank; then the run
-    // and how many of its IDs (lowest share first) are taken.
-    let mut heap: BinaryHeap<(Reverse<usize>, usize, Reverse<usize>, usize, usize)> = group
+    let mut heap: BinaryHeap<Pick> = group
         .iter()
         .enumerate()
         .map(|(i, r)| {
