@@ -10,6 +10,10 @@ use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 
+/// How long a vanished spec is given before its absence is believed; see
+/// [`look`]. Paid only when a spec disappears.
+const VANISH_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What the loader remembers of one family's file.
 #[derive(Debug, Clone, Default)]
 struct Seen {
@@ -108,6 +112,18 @@ fn look(
         return None;
     }
     if presence == Presence::Absent {
+        if matches!(seen.presence, Some(Presence::File(_))) {
+            // A spec that was there is gone. `rm -rf` of the folder unlinks
+            // the files a moment before the folder itself: look again after
+            // that moment, so a folder on its way out reads as missing
+            // (tokens kept) rather than as "no endpoints" (tokens withdrawn).
+            std::thread::sleep(VANISH_GRACE);
+            if let Err(e) = specfile::probe(dir, path) {
+                seen.presence = None;
+                seen.error = Some((e.cause(), e.to_string()));
+                return None;
+            }
+        }
         seen.presence = Some(presence);
         seen.parsed = None;
         seen.error = None;

@@ -101,6 +101,9 @@ const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// See [`BACKOFF_FIRST`].
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
+/// The cause word of [`super::specfile::SpecReadError::FolderMissing`].
+const FOLDER_MISSING: &str = "folder_missing";
+
 /// The de-duplication subject for registration trouble.
 const KUBELET_SUBJECT: &str = "kubelet";
 
@@ -242,6 +245,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
 /// Logs each unreadable spec once per cause, and once when it reads again.
 fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
+    // A missing folder is one cause for both families: one line, under the
+    // folder's name, and the families' own warnings are left as they were.
+    let folder = config.cdi_dir.display().to_string();
+    match outcome
+        .unreadable
+        .iter()
+        .find(|(_, cause, _)| *cause == FOLDER_MISSING)
+    {
+        Some((_, _, message)) => {
+            quiet.warn(
+                &folder,
+                format!("{message}; keeping every token already served"),
+            );
+        }
+        None => quiet.clear(&folder, || format!("{folder} is back")),
+    }
     for family in crate::cdi::Family::ALL {
         let subject = config
             .cdi_dir
@@ -249,6 +268,7 @@ fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
             .display()
             .to_string();
         match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
+            Some((_, cause, _)) if *cause == FOLDER_MISSING => {}
             Some((_, _, message)) => {
                 quiet.warn(
                     &subject,
