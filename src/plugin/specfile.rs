@@ -120,6 +120,15 @@ pub enum Presence {
 /// folder reads as unreadable rather than as "no spec".
 pub fn probe(dir: &Path, path: &Path) -> Result<Presence, SpecReadError> {
     match std::fs::metadata(dir) {
+        // A folder removed while something still holds it (a container's
+        // mount of a host folder that was deleted) has no links left: it
+        // is not the folder the publisher writes to.
+        Ok(m) if m.is_dir() && m.nlink() == 0 => {
+            return Err(SpecReadError::FolderMissing {
+                path: dir.into(),
+                detail: "deleted while mounted or open".into(),
+            })
+        }
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(SpecReadError::FolderMissing {
@@ -294,6 +303,22 @@ mod tests {
         let err = probe(&gone, &gone.join("spec.json")).unwrap_err();
         assert_eq!(err.cause(), "folder_missing");
         assert!(err.to_string().contains(gone.to_str().unwrap()), "{err}");
+    }
+
+    #[test]
+    fn a_deleted_folder_still_reachable_is_missing_not_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        // Held open, as a container's bind mount holds a host folder.
+        let held = File::open(&dir).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        let still = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&held)
+        ));
+        let err = probe(&still, &still.join("spec.json")).unwrap_err();
+        assert!(err.to_string().contains("deleted while mounted or open"), "{err}");
     }
 
     #[test]
