@@ -16,7 +16,7 @@
 //! | `allocate_duration_seconds` | histogram | `resource` |
 //! | `preferred_allocation_duration_seconds` | histogram | `resource` |
 
-use super::catalog::{Catalog, Resource};
+use super::catalog::{Catalog, Resource, SHARED_TOKENS};
 use super::service::{HEALTHY, UNHEALTHY};
 use crate::cdi::Family as CdiFamily;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -204,9 +204,16 @@ impl Observed {
     /// Records the catalog now served: token counts per resource and health.
     pub fn catalog(&self, catalog: &Catalog, resources: &[(Resource, String)]) {
         for (r, name) in resources {
-            let tokens = catalog.tokens(*r);
-            let healthy = tokens.iter().filter(|t| t.endpoint.healthy).count() as i64;
-            let unhealthy = tokens.len() as i64 - healthy;
+            // Counted from the endpoints: building a shared list (64 IDs per
+            // endpoint) just to count it would be a needless spike.
+            let per = if *r == Resource::Shared {
+                i64::from(SHARED_TOKENS)
+            } else {
+                1
+            };
+            let eps = catalog.endpoints(r.family());
+            let healthy = eps.iter().filter(|e| e.healthy).count() as i64 * per;
+            let unhealthy = eps.len() as i64 * per - healthy;
             self.tokens
                 .get_or_create(&TokenLabels {
                     resource: name.clone(),
