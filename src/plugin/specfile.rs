@@ -318,7 +318,10 @@ mod tests {
             std::os::fd::AsRawFd::as_raw_fd(&held)
         ));
         let err = probe(&still, &still.join("spec.json")).unwrap_err();
-        assert!(err.to_string().contains("deleted while mounted or open"), "{err}");
+        assert!(
+            err.to_string().contains("deleted while mounted or open"),
+            "{err}"
+        );
     }
 
     #[test]
