@@ -1,26 +1,8 @@
-//! Generates the kubelet device-plugin API from `proto/` with a pure-Rust
-//! protobuf compiler, so no system `protoc` is needed, and stamps the commit
-//! the binaries were built from into `--version`.
-
-use std::process::Command;
-
-/// One line of `git` output, where git and a checkout are there.
-fn git(args: &[&str]) -> Option<String> {
-    let o = Command::new("git").args(args).output().ok()?;
-    o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
+//! Generates the kubelet device-plugin API (and the CRI client the
+//! containerd test uses) from `proto/` with a pure-Rust protobuf compiler, so
+//! no system `protoc` is needed, and stamps the commit into `--version`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // A build outside a checkout (a source tarball) says so instead of failing.
-    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    println!("cargo:rustc-env=NODEFABRIC_COMMIT={commit}");
-    // Rebuild the stamp when HEAD moves: the HEAD file, and the branch it names.
-    for path in [Some("HEAD".to_string()), git(&["symbolic-ref", "-q", "HEAD"])].into_iter().flatten() {
-        if let Some(file) = git(&["rev-parse", "--git-path", &path]) {
-            println!("cargo:rerun-if-changed={file}");
-        }
-    }
-
     let proto = "proto/deviceplugin_v1beta1.proto";
     println!("cargo:rerun-if-changed={proto}");
     let descriptors = protox::compile([proto], ["proto"])?;
@@ -38,5 +20,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(false)
         .compile_fds(protox::compile([cri], ["proto"])?)?;
+    commit();
     Ok(())
+}
+
+/// Sets `NODEFABRIC_COMMIT` for `--version`: the value given to the build
+/// (an image build without `.git`), else `git rev-parse`, else "unknown".
+fn commit() {
+    println!("cargo:rerun-if-env-changed=NODEFABRIC_COMMIT");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+    };
+    // Rebuild when HEAD moves (a worktree keeps HEAD outside `.git/`).
+    for path in [git(&["rev-parse", "--git-path", "HEAD"]), git(&["rev-parse", "--symbolic-full-name", "HEAD"])
+        .and_then(|r| git(&["rev-parse", "--git-path", &r]))]
+    .into_iter()
+    .flatten()
+    // A missing file would make cargo rerun this script on every build.
+    .filter(|p| std::path::Path::new(p).exists())
+    {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    let commit = std::env::var("NODEFABRIC_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=NODEFABRIC_COMMIT={commit}");
 }

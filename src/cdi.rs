@@ -156,17 +156,9 @@ pub fn endpoints(record: &NodeRecord, family: Family) -> Vec<Endpoint<'_>> {
     out
 }
 
-/// True for a name CDI accepts after `kind=`.
-fn valid_device_name(name: &str) -> bool {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-');
-    name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
-        && name.chars().all(ok)
-}
-
 fn device(ep: &Interface, parent: Option<&Interface>) -> Result<Device, String> {
     let ibdev = ep.rdma_device.as_deref().expect("endpoints() keeps bound ones");
-    if !valid_device_name(ibdev) {
+    if !crate::names::is_cdi_device_name(ibdev) {
         return Err(format!("RDMA device name {ibdev:?} is not a valid CDI device name"));
     }
     let verbs = ep
@@ -278,7 +270,7 @@ pub fn to_bytes(spec: &Spec) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::valid_device_name;
+    use crate::names::is_cdi_device_name as valid_device_name;
 
     #[test]
     fn device_names_refuse_list_and_key_separators() {

@@ -76,35 +76,9 @@ pub struct Cli {
     pub replayed_answers: Option<fabric::answers::Answers>,
 }
 
-/// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
-pub fn parse_namespace(s: &str) -> Result<String, String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if s.is_empty() || s.len() > 253 || !s.split('.').all(label_ok) {
-        return Err(format!("{s:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"));
-    }
-    Ok(s.to_string())
-}
-
-/// A duration flag within `min..=max`: out-of-range values are usage errors
-/// naming the bounds (a zero interval is a busy loop, a century of expiry
-/// overflows the clock).
-fn duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
-    if d < min || d > max {
-        return Err(format!(
-            "{s:?} is out of range: give {} to {}",
-            humantime::format_duration(min),
-            humantime::format_duration(max)
-        ));
-    }
-    Ok(d)
-}
+/// Kept here for callers that name it through the command line module.
+pub use crate::names::parse_namespace;
+use crate::names::duration_in;
 
 fn parse_tool_timeout(s: &str) -> Result<Duration, String> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))

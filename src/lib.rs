@@ -16,6 +16,7 @@ pub mod discover;
 pub mod fabric;
 pub mod labels;
 pub mod logging;
+pub mod names;
 pub mod nfd;
 pub mod pass;
 pub mod pci;

@@ -9,24 +9,30 @@ mod fixtures;
 #[path = "support/kubelet.rs"]
 mod kubelet;
 
+use kubelet::{within, Kubelet};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use nodefabric::plugin::uds;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
-use kubelet::{within, Kubelet};
 use tonic::Streaming;
 
-/// The plugin binary; killed on drop if a test did not stop it.
+/// The plugin binary; killed on drop if a test did not stop it. Its stderr
+/// is collected line by line as it runs, so a test can see what it logs
+/// while idle.
 struct Plugin {
     child: Child,
     kubelet_dir: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Plugin {
     fn start(kubelet_dir: &Path, cdi_dir: &Path, extra: &[&str]) -> Plugin {
-        let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
             .arg("--kubelet-dir")
             .arg(kubelet_dir)
             .arg("--cdi-dir")
@@ -35,20 +41,45 @@ impl Plugin {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        Plugin { child, kubelet_dir: kubelet_dir.to_path_buf() }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Plugin {
+            child,
+            kubelet_dir: kubelet_dir.to_path_buf(),
+            log,
+            reader: Some(reader),
+        }
     }
 
     async fn client(&self, socket: &str) -> DevicePluginClient<Channel> {
         DevicePluginClient::new(uds::connect(&self.kubelet_dir.join(socket)).await.unwrap())
     }
 
+    /// Every line logged so far.
+    fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// A field of /proc/PID/status in KiB (`VmRSS:`, `VmHWM:`).
+    fn memory_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
     /// SIGTERM, then the exit status and everything logged.
     fn terminate(mut self) -> (std::process::ExitStatus, String) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait().unwrap();
-        let mut err = String::new();
-        std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err).unwrap();
-        (status, err)
+        self.reader.take().unwrap().join().unwrap();
+        (status, self.log_lines().join("\n"))
     }
 }
 
@@ -65,7 +96,10 @@ const PARTITIONED: &str = "nodefabric-rdma-partitioned.sock";
 
 /// `nodefabric publish` of a fixture tree's CDI specs into `cdi_dir`.
 fn publish(root: &Path, cdi_dir: &Path) {
-    let state = root.parent().unwrap().join(format!("{}-state", root.file_name().unwrap().to_str().unwrap()));
+    let state = root.parent().unwrap().join(format!(
+        "{}-state",
+        root.file_name().unwrap().to_str().unwrap()
+    ));
     let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
         .args(["publish", "--sysfs-root"])
         .arg(root)
@@ -78,7 +112,11 @@ fn publish(root: &Path, cdi_dir: &Path) {
         .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A temp folder with `kubelet/`, `cdi/` and fixture trees beside them.
@@ -108,16 +146,35 @@ impl Dirs {
 fn summary(devices: &[api::Device]) -> Vec<(String, String, Vec<i64>)> {
     devices
         .iter()
-        .map(|d| (d.id.clone(), d.health.clone(), d.topology.iter().flat_map(|t| t.nodes.iter().map(|n| n.id)).collect()))
+        .map(|d| {
+            (
+                d.id.clone(),
+                d.health.clone(),
+                d.topology
+                    .iter()
+                    .flat_map(|t| t.nodes.iter().map(|n| n.id))
+                    .collect(),
+            )
+        })
         .collect()
 }
 
 async fn next_list(stream: &mut Streaming<api::ListAndWatchResponse>) -> Vec<api::Device> {
-    within("a ListAndWatch message", stream.message()).await.unwrap().expect("stream open").devices
+    within("a ListAndWatch message", stream.message())
+        .await
+        .unwrap()
+        .expect("stream open")
+        .devices
 }
 
 async fn list_once(plugin: &Plugin, socket: &str) -> Vec<api::Device> {
-    let mut stream = plugin.client(socket).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    let mut stream = plugin
+        .client(socket)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
     next_list(&mut stream).await
 }
 
@@ -136,22 +193,46 @@ async fn registers_all_three_resources_and_lists_tokens_with_numa_hints() {
     let regs = kubelet.registrations(3).await;
     let seen: Vec<(&str, &str, &str, bool)> = regs
         .iter()
-        .map(|r| (r.version.as_str(), r.endpoint.as_str(), r.resource_name.as_str(), r.options.unwrap().get_preferred_allocation_available))
+        .map(|r| {
+            (
+                r.version.as_str(),
+                r.endpoint.as_str(),
+                r.resource_name.as_str(),
+                r.options.unwrap().get_preferred_allocation_available,
+            )
+        })
         .collect();
     assert_eq!(
         seen,
         [
             ("v1beta1", EXCLUSIVE, "device.gpustack.ai/rdma", true),
-            ("v1beta1", PARTITIONED, "device.gpustack.ai/rdma.partitioned", true),
+            (
+                "v1beta1",
+                PARTITIONED,
+                "device.gpustack.ai/rdma.partitioned",
+                true
+            ),
             ("v1beta1", SHARED, "device.gpustack.ai/rdma.shared", true),
         ]
     );
-    let opts = plugin.client(EXCLUSIVE).await.get_device_plugin_options(api::Empty {}).await.unwrap().into_inner();
+    let opts = plugin
+        .client(EXCLUSIVE)
+        .await
+        .get_device_plugin_options(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
     assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
 
     let exclusive = summary(&list_once(&plugin, EXCLUSIVE).await);
     let expected: Vec<(String, String, Vec<i64>)> = (0..10)
-        .map(|i| (format!("mlx5_{i}"), "Healthy".into(), vec![if i < 4 || i == 8 { 0 } else { 1 }]))
+        .map(|i| {
+            (
+                format!("mlx5_{i}"),
+                "Healthy".into(),
+                vec![if i < 4 || i == 8 { 0 } else { 1 }],
+            )
+        })
         .collect();
     let mut sorted = exclusive.clone();
     sorted.sort_by_key(|(id, _, _)| id[5..].parse::<u32>().unwrap());
@@ -174,8 +255,17 @@ async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_f
     // A huge poll interval: only the folder watch can deliver the updates below.
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
     assert_eq!(kubelet.registrations(3).await.len(), 3);
-    let mut stream = plugin.client(EXCLUSIVE).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
-    assert!(next_list(&mut stream).await.is_empty(), "no specs yet: zero devices");
+    let mut stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        next_list(&mut stream).await.is_empty(),
+        "no specs yet: zero devices"
+    );
 
     // A driver loads: nodefabric publishes, the plugin streams the tokens with no restart.
     let healthy = d.tree("healthy");
@@ -186,7 +276,10 @@ async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_f
     let list = summary(&next_list(&mut stream).await);
     assert_eq!(
         list,
-        [("mlx5_0".into(), "Healthy".into(), vec![0]), ("mlx5_1".into(), "Healthy".into(), vec![1])]
+        [
+            ("mlx5_0".into(), "Healthy".into(), vec![0]),
+            ("mlx5_1".into(), "Healthy".into(), vec![1])
+        ]
     );
 
     // mlx5_0's ports go down: its token stays, marked Unhealthy.
@@ -196,13 +289,20 @@ async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_f
     let list = summary(&next_list(&mut stream).await);
     assert_eq!(
         list,
-        [("mlx5_0".into(), "Unhealthy".into(), vec![0]), ("mlx5_1".into(), "Healthy".into(), vec![1])]
+        [
+            ("mlx5_0".into(), "Unhealthy".into(), vec![0]),
+            ("mlx5_1".into(), "Healthy".into(), vec![1])
+        ]
     );
     // Unhealthy tokens are still allocatable by ID (kubelet decides); the response is recomputed.
     let resp = plugin
         .client(EXCLUSIVE)
         .await
-        .allocate(api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_1"]) }] })
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids(&["mlx5_1"]),
+            }],
+        })
         .await
         .unwrap()
         .into_inner();
@@ -219,9 +319,14 @@ async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
     kubelet.registrations(3).await;
     let vfs = summary(&list_once(&plugin, PARTITIONED).await);
     // mlx5_1 and mlx5_2 report NUMA -1 and inherit the PF's node 1.
-    let want: Vec<(String, String, Vec<i64>)> = (1..=4).map(|i| (format!("mlx5_{i}"), "Healthy".into(), vec![1])).collect();
+    let want: Vec<(String, String, Vec<i64>)> = (1..=4)
+        .map(|i| (format!("mlx5_{i}"), "Healthy".into(), vec![1]))
+        .collect();
     assert_eq!(vfs, want);
-    assert!(list_once(&plugin, EXCLUSIVE).await.is_empty(), "a PF with VFs configured serves only partitioned");
+    assert!(
+        list_once(&plugin, EXCLUSIVE).await.is_empty(),
+        "a PF with VFs configured serves only partitioned"
+    );
     drop(plugin);
 
     // Neither the interface nor (for a VF) its parent knows its node: no hint, never node 0.
@@ -236,19 +341,40 @@ async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
     assert_eq!(list[0].topology, None);
     let vf_blank = d.tree("vfblank");
     let t = fixtures::Tree::new(&vf_blank);
-    let pf = t.pci(&[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 0)], 0x15b3, 0x101d, 0x020000, -1);
+    let pf = t.pci(
+        &[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 0)],
+        0x15b3,
+        0x101d,
+        0x020000,
+        -1,
+    );
     t.netdev(&pf, "enp4s0f0np0", 1500, true);
-    let vf = t.pci(&[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 2)], 0x15b3, 0x101e, 0x020000, -1);
+    let vf = t.pci(
+        &[&fixtures::addr(0, 2, 0), &fixtures::addr(4, 0, 2)],
+        0x15b3,
+        0x101e,
+        0x020000,
+        -1,
+    );
     t.netdev(&vf, "enp4s0f0v0", 1500, true);
     t.rdma(&vf, "mlx5_1", &[("4: ACTIVE", "5: LinkUp")]);
     t.sriov(&pf, 8, &[vf]);
     publish(&vf_blank, &d.cdi());
-    let mut stream = plugin.client(PARTITIONED).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    let mut stream = plugin
+        .client(PARTITIONED)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
     let mut list = next_list(&mut stream).await;
     if list.is_empty() {
         list = next_list(&mut stream).await;
     }
-    assert_eq!(summary(&list), [("mlx5_1".into(), "Healthy".into(), vec![])]);
+    assert_eq!(
+        summary(&list),
+        [("mlx5_1".into(), "Healthy".into(), vec![])]
+    );
     assert_eq!(list[0].topology, None);
 }
 
@@ -272,28 +398,53 @@ async fn preferred_allocation_keeps_one_numa_node_honours_must_include_and_sprea
                     allocation_size: size,
                 }],
             };
-            let resp = plugin.client(resource).await.get_preferred_allocation(req).await.unwrap().into_inner();
+            let resp = plugin
+                .client(resource)
+                .await
+                .get_preferred_allocation(req)
+                .await
+                .unwrap()
+                .into_inner();
             resp.container_responses[0].device_i_ds.clone()
         }
     };
     // Node 0 holds mlx5_0-3 and mlx5_8, node 1 mlx5_4-7 and mlx5_9.
-    assert_eq!(ask(EXCLUSIVE, all.clone(), vec![], 2).await, ids(&["mlx5_0", "mlx5_1"]));
+    assert_eq!(
+        ask(EXCLUSIVE, all.clone(), vec![], 2).await,
+        ids(&["mlx5_0", "mlx5_1"])
+    );
     // must-include mlx5_5 (node 1) anchors the rest on node 1.
-    assert_eq!(ask(EXCLUSIVE, all.clone(), ids(&["mlx5_5"]), 3).await, ids(&["mlx5_5", "mlx5_4", "mlx5_6"]));
+    assert_eq!(
+        ask(EXCLUSIVE, all.clone(), ids(&["mlx5_5"]), 3).await,
+        ids(&["mlx5_5", "mlx5_4", "mlx5_6"])
+    );
     // Best fit: node 1 has only two left, node 0 five; a request for two takes node 1's pair.
-    let avail = ids(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8", "mlx5_7", "mlx5_9"]);
-    assert_eq!(ask(EXCLUSIVE, avail.clone(), vec![], 2).await, ids(&["mlx5_7", "mlx5_9"]));
+    let avail = ids(&[
+        "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8", "mlx5_7", "mlx5_9",
+    ]);
+    assert_eq!(
+        ask(EXCLUSIVE, avail.clone(), vec![], 2).await,
+        ids(&["mlx5_7", "mlx5_9"])
+    );
     // Too big for either node: the target node first, then the other.
     let got = ask(EXCLUSIVE, avail, vec![], 6).await;
-    assert_eq!(got[..5], ids(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8"]));
+    assert_eq!(
+        got[..5],
+        ids(&["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_8"])
+    );
     assert_eq!(got.len(), 6);
 
     // Shared: spread over distinct interfaces of one node, least loaded first.
-    let mut shared: Vec<String> = (0..10).flat_map(|i| (0..64).map(move |s| format!("mlx5_{i}-shared-{s:02}"))).collect();
+    let mut shared: Vec<String> = (0..10)
+        .flat_map(|i| (0..64).map(move |s| format!("mlx5_{i}-shared-{s:02}")))
+        .collect();
     // mlx5_0 is busy (only two shares left).
     shared.retain(|id| !id.starts_with("mlx5_0-") || id.ends_with("-62") || id.ends_with("-63"));
     let got = ask(SHARED, shared.clone(), vec![], 3).await;
-    assert_eq!(got, ids(&["mlx5_1-shared-00", "mlx5_2-shared-00", "mlx5_3-shared-00"]));
+    assert_eq!(
+        got,
+        ids(&["mlx5_1-shared-00", "mlx5_2-shared-00", "mlx5_3-shared-00"])
+    );
     let got = ask(SHARED, shared, ids(&["mlx5_9-shared-10"]), 2).await;
     assert_eq!(got, ids(&["mlx5_9-shared-10", "mlx5_4-shared-00"]));
 }
@@ -307,7 +458,11 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
     // Only the partitioned spec of the VF node, beside the gpu8 whole-interface spec.
     let vfcdi = d.tree("vfcdi");
     publish(&d.tree("vf"), &vfcdi);
-    std::fs::copy(vfcdi.join("nodefabric-rdma-vf.json"), d.cdi().join("nodefabric-rdma-vf.json")).unwrap();
+    std::fs::copy(
+        vfcdi.join("nodefabric-rdma-vf.json"),
+        d.cdi().join("nodefabric-rdma-vf.json"),
+    )
+    .unwrap();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
     kubelet.registrations(3).await;
@@ -316,26 +471,61 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
         let plugin = &plugin;
         async move {
             let req = api::AllocateRequest {
-                container_requests: containers.into_iter().map(|c| api::ContainerAllocateRequest { devices_ids: ids(&c) }).collect(),
+                container_requests: containers
+                    .into_iter()
+                    .map(|c| api::ContainerAllocateRequest {
+                        devices_ids: ids(&c),
+                    })
+                    .collect(),
             };
-            plugin.client(socket).await.allocate(req).await.map(|r| r.into_inner())
+            plugin
+                .client(socket)
+                .await
+                .allocate(req)
+                .await
+                .map(|r| r.into_inner())
         }
     };
-    let cdi = |r: &api::ContainerAllocateResponse| r.cdi_devices.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    let cdi = |r: &api::ContainerAllocateResponse| {
+        r.cdi_devices
+            .iter()
+            .map(|c| c.name.clone())
+            .collect::<Vec<_>>()
+    };
 
     // Two containers; names in natural order, NCCL's exact-match form.
-    let resp = allocate(EXCLUSIVE, vec![vec!["mlx5_9", "mlx5_1"], vec!["mlx5_2"]]).await.unwrap();
+    let resp = allocate(EXCLUSIVE, vec![vec!["mlx5_9", "mlx5_1"], vec!["mlx5_2"]])
+        .await
+        .unwrap();
     assert_eq!(resp.container_responses.len(), 2);
     let c0 = &resp.container_responses[0];
-    assert_eq!(cdi(c0), ["gpustack.ai/rdma=mlx5_1", "gpustack.ai/rdma=mlx5_9"]);
+    assert_eq!(
+        cdi(c0),
+        ["gpustack.ai/rdma=mlx5_1", "gpustack.ai/rdma=mlx5_9"]
+    );
     assert_eq!(c0.envs["NCCL_IB_HCA"], "=mlx5_1,mlx5_9");
     assert!(c0.annotations.is_empty() && c0.devices.is_empty() && c0.mounts.is_empty());
-    assert_eq!(cdi(&resp.container_responses[1]), ["gpustack.ai/rdma=mlx5_2"]);
+    assert_eq!(
+        cdi(&resp.container_responses[1]),
+        ["gpustack.ai/rdma=mlx5_2"]
+    );
 
     // Two shares of one interface are one device and one HCA.
-    let resp = allocate(SHARED, vec![vec!["mlx5_3-shared-00", "mlx5_3-shared-41", "mlx5_8-shared-63"]]).await.unwrap();
+    let resp = allocate(
+        SHARED,
+        vec![vec![
+            "mlx5_3-shared-00",
+            "mlx5_3-shared-41",
+            "mlx5_8-shared-63",
+        ]],
+    )
+    .await
+    .unwrap();
     let c = &resp.container_responses[0];
-    assert_eq!(cdi(c), ["gpustack.ai/rdma=mlx5_3", "gpustack.ai/rdma=mlx5_8"]);
+    assert_eq!(
+        cdi(c),
+        ["gpustack.ai/rdma=mlx5_3", "gpustack.ai/rdma=mlx5_8"]
+    );
     assert_eq!(c.envs["NCCL_IB_HCA"], "=mlx5_3,mlx5_8");
 
     // A VF token resolves to the partitioned family's CDI kind.
@@ -358,7 +548,11 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
         allocate(socket, vec![vec![good]]).await.unwrap();
         let err = allocate(socket, vec![vec![good, id]]).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{socket} {id}");
-        assert!(err.message().contains(&format!("{id:?}")), "{}", err.message());
+        assert!(
+            err.message().contains(&format!("{id:?}")),
+            "{}",
+            err.message()
+        );
     }
 }
 
@@ -371,7 +565,13 @@ async fn flags_drop_families_and_switch_to_cdi_annotations() {
     let plugin = Plugin::start(
         &d.kubelet(),
         &d.cdi(),
-        &["--no-shared", "--no-partitioned", "--cdi-annotations", "--resource-prefix", "rdma.example.com"],
+        &[
+            "--no-shared",
+            "--no-partitioned",
+            "--cdi-annotations",
+            "--resource-prefix",
+            "rdma.example.com",
+        ],
     );
     let regs = kubelet.registrations(1).await;
     assert_eq!(regs[0].resource_name, "rdma.example.com/rdma");
@@ -379,11 +579,24 @@ async fn flags_drop_families_and_switch_to_cdi_annotations() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(kubelet.registered.try_recv().is_err());
     assert!(!d.kubelet().join(SHARED).exists() && !d.kubelet().join(PARTITIONED).exists());
-    let req = api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_0", "mlx5_4"]) }] };
-    let resp = plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap().into_inner();
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids(&["mlx5_0", "mlx5_4"]),
+        }],
+    };
+    let resp = plugin
+        .client(EXCLUSIVE)
+        .await
+        .allocate(req)
+        .await
+        .unwrap()
+        .into_inner();
     let c = &resp.container_responses[0];
     assert!(c.cdi_devices.is_empty());
-    assert_eq!(c.annotations["cdi.k8s.io/nodefabric_rdma"], "gpustack.ai/rdma=mlx5_0,gpustack.ai/rdma=mlx5_4");
+    assert_eq!(
+        c.annotations["cdi.k8s.io/nodefabric_rdma"],
+        "gpustack.ai/rdma=mlx5_0,gpustack.ai/rdma=mlx5_4"
+    );
     assert_eq!(c.envs["NCCL_IB_HCA"], "=mlx5_0,mlx5_4");
 }
 
@@ -395,7 +608,13 @@ async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_s
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
     kubelet.registrations(3).await;
-    let mut old_stream = plugin.client(EXCLUSIVE).await.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+    let mut old_stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(next_list(&mut old_stream).await.len(), 2);
 
     // kubelet restarts: it stops, wipes the plugin sockets, recreates kubelet.sock.
@@ -410,9 +629,14 @@ async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_s
     }
     let mut kubelet = Kubelet::start(&d.kubelet());
     let regs = kubelet.registrations(3).await;
-    assert_eq!(regs.iter().map(|r| r.endpoint.as_str()).collect::<Vec<_>>(), [EXCLUSIVE, PARTITIONED, SHARED]);
+    assert_eq!(
+        regs.iter().map(|r| r.endpoint.as_str()).collect::<Vec<_>>(),
+        [EXCLUSIVE, PARTITIONED, SHARED]
+    );
     // The old stream ends; the new socket serves.
-    assert!(within("the old stream to end", old_stream.message()).await.map_or(true, |m| m.is_none()));
+    assert!(within("the old stream to end", old_stream.message())
+        .await
+        .map_or(true, |m| m.is_none()));
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
 
     // Only kubelet.sock recreated (sockets left in place): also a re-registration.
@@ -423,9 +647,15 @@ async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_s
 
     let (status, log) = plugin.terminate();
     assert!(status.success(), "exit {status}: {log}");
-    let left: Vec<String> =
-        std::fs::read_dir(d.kubelet()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert_eq!(left, ["kubelet.sock"], "SIGTERM removes the plugin's sockets and nothing else");
+    let left: Vec<String> = std::fs::read_dir(d.kubelet())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        left,
+        ["kubelet.sock"],
+        "SIGTERM removes the plugin's sockets and nothing else"
+    );
     assert!(log.contains("re-registering"), "{log}");
 }
 
@@ -434,7 +664,11 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
-    std::fs::write(d.cdi().join("nodefabric-rdma-vf.json"), "{\"cdiVersion\": \"0.6.0\", \"kind\": ").unwrap();
+    std::fs::write(
+        d.cdi().join("nodefabric-rdma-vf.json"),
+        "{\"cdiVersion\": \"0.6.0\", \"kind\": ",
+    )
+    .unwrap();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "100ms"]);
     kubelet.registrations(3).await;
@@ -446,7 +680,11 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
     std::fs::write(d.cdi().join("nodefabric-rdma.json"), "not json").unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
-    let req = api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: ids(&["mlx5_1"]) }] };
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids(&["mlx5_1"]),
+        }],
+    };
     plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap();
 
     let (_, log) = plugin.terminate();
@@ -462,9 +700,551 @@ async fn an_unverified_link_is_healthy() {
     fixtures::unreadable_port(&d.tree("u"));
     publish(&d.tree("u"), &d.cdi());
     let spec = std::fs::read_to_string(d.cdi().join("nodefabric-rdma.json")).unwrap();
-    assert!(spec.contains("\"rdma.gpustack.ai/link\": \"Unverified\""), "{spec}");
+    assert!(
+        spec.contains("\"rdma.gpustack.ai/link\": \"Unverified\""),
+        "{spec}"
+    );
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
     kubelet.registrations(3).await;
-    assert_eq!(summary(&list_once(&plugin, EXCLUSIVE).await), [("mlx5_0".into(), "Healthy".into(), vec![0])]);
+    assert_eq!(
+        summary(&list_once(&plugin, EXCLUSIVE).await),
+        [("mlx5_0".into(), "Healthy".into(), vec![0])]
+    );
+}
+
+/// Replaces the whole-interface spec by `make`, which creates the new file
+/// at the path it is given.
+fn swap_spec(cdi: &Path, make: impl FnOnce(&Path)) {
+    let path = cdi.join("nodefabric-rdma.json");
+    std::fs::remove_file(&path).unwrap();
+    make(&path);
+}
+
+/// Creates a file of some hostile kind at the path it is given.
+type MakeFile = Box<dyn FnOnce(&Path)>;
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+#[tokio::test]
+async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_grow_the_plugin_and_tokens_stay(
+) {
+    let d = Dirs::new();
+    // mlx5_0's link is Failed: its Unhealthy token must survive too.
+    fixtures::all_ports_down(&d.tree("down"), true);
+    publish(&d.tree("down"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--poll-interval", "100ms", "--max-spec-bytes", "65536"],
+    );
+    kubelet.registrations(3).await;
+    let want = vec![
+        ("mlx5_0".to_string(), "Unhealthy".to_string(), vec![0]),
+        ("mlx5_1".into(), "Healthy".into(), vec![1]),
+    ];
+    assert_eq!(summary(&list_once(&plugin, EXCLUSIVE).await), want);
+
+    let cdi = d.cdi();
+    let hostile: [(&str, MakeFile); 4] = [
+        ("FIFO", Box::new(mkfifo)),
+        (
+            "character device",
+            Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
+        ),
+        (
+            "larger than the 65536-byte cap",
+            Box::new(|p: &Path| std::fs::write(p, vec![b' '; 1 << 20]).unwrap()),
+        ),
+        (
+            "dangling symbolic link",
+            Box::new(|p: &Path| std::os::unix::fs::symlink(p.with_extension("gone"), p).unwrap()),
+        ),
+    ];
+    for (cause, make) in hostile {
+        swap_spec(&cdi, make);
+        // Several poll ticks and the file event have passed over it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Still serving every call, with every token it had.
+        assert_eq!(
+            summary(&list_once(&plugin, EXCLUSIVE).await),
+            want,
+            "{cause}"
+        );
+        let req = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids(&["mlx5_1"]),
+            }],
+        };
+        plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap();
+        let log = plugin.log_lines();
+        let said = log.iter().filter(|l| l.contains(cause)).count();
+        assert_eq!(
+            said, 1,
+            "{cause}: one warning per cause, not one per look: {log:#?}"
+        );
+    }
+    let peak = plugin.memory_kib("VmHWM:");
+    assert!(
+        peak < 64 * 1024,
+        "peak RSS {peak} KiB: a hostile file was read into memory"
+    );
+    drop(plugin);
+}
+
+#[tokio::test]
+async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_line() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    // No kubelet yet; debug level, so a wake would show.
+    let addr = free_addr();
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--log-level", "debug", "--metrics-addr", &addr],
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = plugin
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("waiting for kubelet"))
+        .count();
+    assert_eq!(waiting, 1, "{:#?}", plugin.log_lines());
+
+    // kubelet appears: the plugin registers (the socket's creation wakes it).
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    kubelet.registrations(3).await;
+    let mut stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next_list(&mut stream).await.len(), 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reloads = "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1";
+    assert!(http_get(&addr, "/metrics").1.lines().any(|l| l == reloads));
+    let settled = plugin.log_lines().len();
+    // Longer than the default poll interval (10 s): the tick only stats.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let metrics = http_get(&addr, "/metrics").1;
+    assert!(
+        metrics.lines().any(|l| l == reloads),
+        "a reload while idle:\n{metrics}"
+    );
+    let log = plugin.log_lines();
+    assert_eq!(
+        log.len(),
+        settled,
+        "logged while idle: {:#?}",
+        &log[settled..]
+    );
+    assert!(log.iter().any(|l| l.contains("registered")), "{log:#?}");
+}
+
+#[tokio::test]
+async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_again() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    // Only the folder watch can deliver the change below.
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
+    kubelet.registrations(3).await;
+    let mut stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(summary(&next_list(&mut stream).await).len(), 2);
+
+    std::fs::remove_dir_all(d.cdi()).unwrap();
+    // A missing folder is unreadable, not empty: no list withdrawing the tokens.
+    let quiet = tokio::time::timeout(Duration::from_secs(1), stream.message()).await;
+    assert!(
+        quiet.is_err(),
+        "a list was sent for a deleted folder: {quiet:?}"
+    );
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+
+    std::fs::create_dir(d.cdi()).unwrap();
+    fixtures::all_ports_down(&d.tree("down"), true);
+    publish(&d.tree("down"), &d.cdi());
+    // The folder may be seen back before the spec is in it: an existing
+    // folder without a spec is the publisher's "no endpoints" (it removes
+    // the file then), so an empty list can come first.
+    let mut list = summary(&next_list(&mut stream).await);
+    if list.is_empty() {
+        list = summary(&next_list(&mut stream).await);
+    }
+    assert_eq!(
+        list,
+        [
+            ("mlx5_0".into(), "Unhealthy".into(), vec![0]),
+            ("mlx5_1".into(), "Healthy".into(), vec![1])
+        ]
+    );
+    let (_, log) = plugin.terminate();
+    assert_eq!(
+        log.matches("the CDI folder is missing").count(),
+        1,
+        "one line for both families: {log}"
+    );
+}
+
+#[tokio::test]
+async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let path = d.cdi().join("nodefabric-rdma.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["devices"][0]["name"] = "mlx5_0,nvidia.com/gpu=all".into();
+    std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--poll-interval", "100ms", "--cdi-annotations"],
+    );
+    kubelet.registrations(3).await;
+    let list = summary(&list_once(&plugin, EXCLUSIVE).await);
+    assert_eq!(list, [("mlx5_1".into(), "Healthy".into(), vec![1])]);
+    let bad = "mlx5_0,nvidia.com/gpu=all";
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids(&[bad]),
+        }],
+    };
+    let err = plugin
+        .client(EXCLUSIVE)
+        .await
+        .allocate(req)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, log) = plugin.terminate();
+    assert_eq!(log.matches("CDI does not allow").count(), 1, "{log}");
+}
+
+/// One HTTP/1.0 GET, as a probe or a scraper makes it: (status, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(kubelet::WAIT)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A free loopback port for the plugin's HTTP server.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Polls `f` until it returns true, failing after [`kubelet::WAIT`].
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    within(what, async {
+        while !f() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let addr = free_addr();
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
+    );
+    eventually("the HTTP server", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    })
+    .await;
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    let (status, body) = http_get(&addr, "/readyz");
+    assert_eq!(status, 503, "no kubelet: not ready");
+    assert!(
+        body.contains("device.gpustack.ai/rdma is not registered with kubelet"),
+        "{body}"
+    );
+
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    kubelet.registrations(3).await;
+    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    let _stream = plugin
+        .client(EXCLUSIVE)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let req = api::AllocateRequest {
+        container_requests: vec![api::ContainerAllocateRequest {
+            devices_ids: ids(&["mlx5_1"]),
+        }],
+    };
+    plugin.client(EXCLUSIVE).await.allocate(req).await.unwrap();
+    let (status, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2",
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma.shared\",health=\"Healthy\"} 128",
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma.partitioned\",health=\"Healthy\"} 0",
+        "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_registrations_total{resource=\"device.gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_registered{resource=\"device.gpustack.ai/rdma.shared\"} 1",
+        "nodefabric_plugin_list_and_watch_streams{resource=\"device.gpustack.ai/rdma\"} 1",
+        "nodefabric_plugin_allocate_duration_seconds_count{resource=\"device.gpustack.ai/rdma\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+
+    // The spec turns into a FIFO: not ready (naming it), alive, counted once.
+    swap_spec(&d.cdi(), mkfifo);
+    let spec = d.cdi().join("nodefabric-rdma.json").display().to_string();
+    eventually("/readyz 503", || http_get(&addr, "/readyz").0 == 503).await;
+    assert!(http_get(&addr, "/readyz").1.contains(&spec));
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = http_get(&addr, "/metrics").1;
+    let errors = "nodefabric_plugin_spec_read_errors_total{family=\"gpustack.ai/rdma\",cause=\"not_regular\"} 1";
+    assert!(metrics.lines().any(|l| l == errors), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "nodefabric_plugin_spec_readable{family=\"gpustack.ai/rdma\"} 0"),
+        "{metrics}"
+    );
+    // The tokens it had are still counted (and served).
+    assert!(metrics.contains(
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2"
+    ));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_stream_and_streams_are_capped(
+) {
+    let d = Dirs::new();
+    let (up, down) = (d.tree("up"), d.tree("down"));
+    fixtures::no_accelerator(&up);
+    fixtures::all_ports_down(&down, true);
+    publish(&up, &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &d.cdi(),
+        &["--drain-timeout", "1s", "--poll-interval", "1h"],
+    );
+    kubelet.registrations(3).await;
+
+    // A client with a 1 KiB window that never reads: the 128-token shared
+    // list (about 4 KiB) cannot all be sent, so the plugin's buffers fill.
+    let path = d.kubelet().join(SHARED);
+    let channel = tonic::transport::Endpoint::try_from("http://localhost")
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .initial_connection_window_size(1024)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut stuck = DevicePluginClient::new(channel)
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    // A slow client that does read, a little late each time.
+    let mut slow = plugin
+        .client(SHARED)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut lists = vec![next_list(&mut slow).await];
+    for tree in [&down, &up, &down] {
+        publish(tree, &d.cdi());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lists.push(next_list(&mut slow).await);
+    }
+    let unhealthy: Vec<usize> = lists
+        .iter()
+        .map(|l| l.iter().filter(|t| t.health == "Unhealthy").count())
+        .collect();
+    assert_eq!(
+        unhealthy,
+        [0, 64, 0, 64],
+        "the slow reader saw every change"
+    );
+
+    eventually("the stuck client's connection to be closed", || {
+        plugin
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("closing its connection"))
+    })
+    .await;
+    // Reading now finds the connection gone, not a list.
+    let ended = within("the stuck stream to fail", async {
+        loop {
+            match stuck.message().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_err(), "{ended:?}");
+
+    // At most MAX_STREAMS (8) streams per resource: the slow one plus seven.
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        held.push(
+            plugin
+                .client(SHARED)
+                .await
+                .list_and_watch(api::Empty {})
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    let refused = plugin
+        .client(SHARED)
+        .await
+        .list_and_watch(api::Empty {})
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    drop(held.pop());
+    within("a freed stream slot", async {
+        while plugin
+            .client(SHARED)
+            .await
+            .list_and_watch(api::Empty {})
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[test]
+fn out_of_range_flags_are_usage_errors_naming_the_flag_and_every_flag_has_an_environment_variable()
+{
+    let bin = env!("CARGO_BIN_EXE_nodefabric-device-plugin");
+    for (args, env, flag) in [
+        (vec!["--poll-interval", "0s"], None, "--poll-interval"),
+        (
+            vec![],
+            Some(("NODEFABRIC_POLL_INTERVAL", "0s")),
+            "--poll-interval",
+        ),
+        (vec!["--drain-timeout", "10000h"], None, "--drain-timeout"),
+        (vec!["--max-spec-bytes", "0"], None, "--max-spec-bytes"),
+        (
+            vec![],
+            Some(("NODEFABRIC_METRICS_ADDR", "localhost")),
+            "--metrics-addr",
+        ),
+    ] {
+        let mut cmd = Command::new(bin);
+        cmd.args(&args)
+            .env("NODEFABRIC_KUBELET_DIR", "/nonexistent");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {err}");
+        assert!(err.contains(flag), "{args:?} {env:?}: {err}");
+    }
+    let help = String::from_utf8(Command::new(bin).arg("--help").output().unwrap().stdout).unwrap();
+    let flags = help
+        .lines()
+        .filter(|l| {
+            l.trim_start().starts_with("--") && !l.contains("--help") && !l.contains("--version")
+        })
+        .count();
+    assert_eq!(help.matches("[env: NODEFABRIC_").count(), flags, "{help}");
+    let version =
+        String::from_utf8(Command::new(bin).arg("--version").output().unwrap().stdout).unwrap();
+    let commit = version
+        .split("(commit ")
+        .nth(1)
+        .unwrap_or_default()
+        .trim_end()
+        .trim_end_matches(')');
+    assert!(
+        !commit.is_empty() && commit.chars().all(|c| c.is_ascii_hexdigit()) || commit == "unknown",
+        "{version}"
+    );
+}
+
+#[tokio::test]
+async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
+        .env("NODEFABRIC_KUBELET_DIR", d.kubelet())
+        .env("NODEFABRIC_CDI_DIR", d.cdi())
+        .env("NODEFABRIC_NO_SHARED", "true")
+        .env("NODEFABRIC_NO_PARTITIONED", "1")
+        .env("NODEFABRIC_RESOURCE_PREFIX", "env.example.com")
+        .args(["--resource-prefix", "flag.example.com"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let plugin = Plugin {
+        child,
+        kubelet_dir: d.kubelet(),
+        log: Default::default(),
+        reader: None,
+    };
+    let regs = kubelet.registrations(1).await;
+    assert_eq!(regs[0].resource_name, "flag.example.com/rdma");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        kubelet.registered.try_recv().is_err(),
+        "shared and partitioned are off"
+    );
+    drop(plugin);
 }

@@ -19,7 +19,8 @@
 
 use super::api;
 use super::catalog::{Catalog, Endpoint, Resource};
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use tonic::Status;
 
 /// The environment variable NCCL reads to choose its HCAs.
@@ -55,7 +56,9 @@ pub fn container_response(
             ))
         })?;
         if let Some(why) = &ep.unusable {
-            return Err(Status::failed_precondition(format!("device ID {id:?}: {why}")));
+            return Err(Status::failed_precondition(format!(
+                "device ID {id:?}: {why}"
+            )));
         }
         if !granted.iter().any(|g| g.name == ep.name) {
             granted.push(ep);
@@ -67,15 +70,20 @@ pub fn container_response(
     let mut resp = api::ContainerAllocateResponse::default();
     if !names.is_empty() {
         // The leading "=" makes NCCL match names exactly: plain "mlx5_1" would also pick mlx5_10.
-        resp.envs.insert(NCCL_IB_HCA.into(), format!("={}", names.join(",")));
+        resp.envs
+            .insert(NCCL_IB_HCA.into(), format!("={}", names.join(",")));
     }
     match delivery {
         CdiDelivery::Field => {
-            resp.cdi_devices = cdi_names.into_iter().map(|name| api::CdiDevice { name }).collect();
+            resp.cdi_devices = cdi_names
+                .into_iter()
+                .map(|name| api::CdiDevice { name })
+                .collect();
         }
         CdiDelivery::Annotations => {
             if !cdi_names.is_empty() {
-                resp.annotations.insert(annotation_key(resource), cdi_names.join(","));
+                resp.annotations
+                    .insert(annotation_key(resource), cdi_names.join(","));
             }
         }
     }
@@ -87,10 +95,18 @@ pub fn annotation_key(resource: Resource) -> String {
     format!("{CDI_ANNOTATION_PREFIX}nodefabric_{}", resource.suffix())
 }
 
-/// A token ID and the endpoint it stands for.
-type Candidate<'a> = (String, &'a Endpoint);
+/// The offered IDs of one endpoint, in share order: candidates are handled
+/// per endpoint (hundreds), not per ID (tens of thousands).
+struct Run<'a> {
+    endpoint: &'a Endpoint,
+    /// The endpoint's place in natural name order.
+    rank: usize,
+    ids: Vec<&'a str>,
+}
 
 /// The preferred IDs for one container (see the module docs for the order).
+/// Per ID only a lookup and one integer sort: kubelet may offer tens of
+/// thousands.
 pub fn preferred(
     catalog: &Catalog,
     resource: Resource,
@@ -99,45 +115,97 @@ pub fn preferred(
     size: usize,
 ) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
+    let mut chosen: HashSet<&str> = HashSet::new();
     for id in must_include {
-        if !out.contains(id) {
+        if chosen.insert(id) {
             out.push(id.clone());
         }
     }
     if out.len() >= size {
         return out;
     }
-    // Candidates: available, ours, not already chosen.
-    let mut cands: Vec<Candidate> = available
-        .iter()
-        .filter(|id| !out.contains(id))
-        .filter_map(|id| catalog.resolve(resource, id).map(|ep| (id.clone(), ep)))
+    // Each endpoint's place in natural order (mlx5_2 before mlx5_10),
+    // computed once per endpoint rather than once per ID.
+    let eps = catalog.endpoints(resource.family());
+    let mut by_name: Vec<usize> = (0..eps.len()).collect();
+    by_name.sort_by_cached_key(|&i| natural(&eps[i].name));
+    let mut rank = vec![0; eps.len()];
+    for (r, &i) in by_name.iter().enumerate() {
+        rank[i] = r;
+    }
+    // Candidates: available, ours, not already chosen, bucketed by endpoint
+    // (in natural order), each bucket in share order and each ID once: an
+    // (endpoint, share) pair has exactly one spelling. Linear in the IDs,
+    // with only small per-endpoint sorts.
+    let mut buckets: Vec<Vec<(u32, &str)>> = vec![Vec::new(); eps.len()];
+    for id in available.iter().map(String::as_str) {
+        // Usually nothing is must-include: then no ID is hashed.
+        if !chosen.is_empty() && chosen.contains(id) {
+            continue;
+        }
+        if let Some((i, share)) = catalog.locate(resource, id) {
+            buckets[rank[i]].push((share, id));
+        }
+    }
+    let runs: Vec<Run> = buckets
+        .into_iter()
+        .zip(by_name.iter())
+        .enumerate()
+        .filter(|(_, (b, _))| !b.is_empty())
+        .map(|(r, (mut b, &i))| {
+            b.sort_unstable_by_key(|&(share, _)| share);
+            b.dedup_by_key(|&mut (share, _)| share);
+            Run {
+                endpoint: &eps[i],
+                rank: r,
+                ids: b.into_iter().map(|(_, id)| id).collect(),
+            }
+        })
         .collect();
-    cands.sort_by_key(|c| natural(&c.0));
-    cands.dedup_by(|a, b| a.0 == b.0);
     let need = size - out.len();
 
-    let per_node = count_per_node(cands.iter().map(|(_, ep)| *ep));
-    let anchor = count_per_node(must_include.iter().filter_map(|id| catalog.resolve(resource, id)));
+    let mut per_node: BTreeMap<i64, usize> = BTreeMap::new();
+    for run in &runs {
+        if let Some(n) = run.endpoint.numa {
+            *per_node.entry(n).or_default() += run.ids.len();
+        }
+    }
+    let mut anchor: BTreeMap<i64, usize> = BTreeMap::new();
+    for n in must_include
+        .iter()
+        .filter_map(|id| catalog.resolve(resource, id)?.numa)
+    {
+        *anchor.entry(n).or_default() += 1;
+    }
     let target = fullest(&anchor)
-        .or_else(|| per_node.iter().filter(|(_, c)| **c >= need).min_by_key(|(n, c)| (**c, **n)).map(|(n, _)| *n))
+        .or_else(|| {
+            per_node
+                .iter()
+                .filter(|(_, c)| **c >= need)
+                .min_by_key(|(n, c)| (**c, **n))
+                .map(|(n, _)| *n)
+        })
         .or_else(|| fullest(&per_node));
     // Node order: the target, then the others fullest first, then no node.
-    let rank = |numa: Option<i64>| -> (u8, i64, i64) {
+    let node_order = |numa: Option<i64>| -> (u8, i64, i64) {
         match numa {
             Some(n) if Some(n) == target => (0, 0, n),
             Some(n) => (1, -(per_node[&n] as i64), n),
             None => (2, 0, 0),
         }
     };
-    let mut groups: BTreeMap<(u8, i64, i64), Vec<Candidate>> = BTreeMap::new();
-    for c in cands {
-        groups.entry(rank(c.1.numa)).or_default().push(c);
+    // Runs are in rank order, and stay so within each group.
+    let mut groups: BTreeMap<(u8, i64, i64), Vec<Run>> = BTreeMap::new();
+    for run in runs {
+        groups
+            .entry(node_order(run.endpoint.numa))
+            .or_default()
+            .push(run);
     }
-    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
     for id in &out {
         if let Some(ep) = catalog.resolve(resource, id) {
-            *counts.entry(ep.name.clone()).or_default() += 1;
+            *counts.entry(ep.name.as_str()).or_default() += 1;
         }
     }
     for (_, group) in groups {
@@ -145,48 +213,61 @@ pub fn preferred(
             break;
         }
         if resource == Resource::Shared {
-            spread(group, &mut counts, &mut out, size);
+            spread(&group, &mut counts, &mut out, size);
         } else {
-            out.extend(group.into_iter().take(size - out.len()).map(|(id, _)| id));
+            let room = size - out.len();
+            out.extend(
+                group
+                    .iter()
+                    .flat_map(|r| r.ids.iter())
+                    .take(room)
+                    .map(|id| id.to_string()),
+            );
         }
     }
     out
 }
 
-/// How many of the tokens' endpoints sit on each NUMA node (tokens without
-/// one are not counted).
-fn count_per_node<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> BTreeMap<i64, usize> {
-    let mut per_node = BTreeMap::new();
-    for n in endpoints.filter_map(|ep| ep.numa) {
-        *per_node.entry(n).or_default() += 1;
-    }
-    per_node
-}
-
 /// The node with the most tokens, the lowest number on a tie.
 fn fullest(per_node: &BTreeMap<i64, usize>) -> Option<i64> {
-    per_node.iter().max_by_key(|(n, c)| (**c, -**n)).map(|(n, _)| *n)
+    per_node
+        .iter()
+        .max_by_key(|(n, c)| (**c, -**n))
+        .map(|(n, _)| *n)
 }
 
-/// Picks shared tokens one at a time onto the least-used endpoint.
-fn spread(group: Vec<Candidate>, counts: &mut HashMap<String, usize>, out: &mut Vec<String>, size: usize) {
-    let mut queues: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (id, ep) in group {
-        queues.entry(ep.name.as_str()).or_default().push(id);
-    }
-    for q in queues.values_mut() {
-        q.reverse(); // pop() then yields the lowest share number first
-    }
+/// A heap entry of [`spread`], greatest first: fewest granted, most left,
+/// lowest rank; then the run and how many of its IDs (lowest share first)
+/// are taken.
+type Pick = (Reverse<usize>, usize, Reverse<usize>, usize, usize);
+
+/// Picks shared tokens one at a time onto the least-used endpoint: fewest
+/// granted in this request, then most still available, then first in
+/// natural order. A heap keeps each pick O(log endpoints).
+fn spread<'a>(
+    group: &[Run<'a>],
+    counts: &mut HashMap<&'a str, usize>,
+    out: &mut Vec<String>,
+    size: usize,
+) {
+    let mut heap: BinaryHeap<Pick> = group
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let granted = counts.get(r.endpoint.name.as_str()).copied().unwrap_or(0);
+            (Reverse(granted), r.ids.len(), Reverse(r.rank), i, 0)
+        })
+        .collect();
     while out.len() < size {
-        let pick = queues
-            .iter()
-            .filter(|(_, q)| !q.is_empty())
-            .min_by_key(|(name, q)| (counts.get(**name).copied().unwrap_or(0), usize::MAX - q.len(), natural(name)))
-            .map(|(name, _)| *name);
-        let Some(name) = pick else { break };
-        let id = queues.get_mut(name).and_then(Vec::pop).expect("non-empty queue");
-        *counts.entry(name.to_string()).or_default() += 1;
-        out.push(id);
+        let Some((Reverse(granted), left, rank, i, taken)) = heap.pop() else {
+            break;
+        };
+        let run = &group[i];
+        out.push(run.ids[taken].to_string());
+        counts.insert(run.endpoint.name.as_str(), granted + 1);
+        if left > 1 {
+            heap.push((Reverse(granted + 1), left - 1, rank, i, taken + 1));
+        }
     }
 }
 
@@ -213,7 +294,69 @@ fn natural(s: &str) -> Vec<(String, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::natural;
+    use super::*;
+    use crate::cdi::Family;
+    use crate::plugin::catalog::shared_id;
+
+    /// `n` endpoints `ep0…`, the first half on NUMA node 0, the rest on 1.
+    fn catalog(n: usize) -> Catalog {
+        let eps = (0..n)
+            .map(|i| Endpoint {
+                name: format!("ep{i}"),
+                cdi_name: format!("k=ep{i}"),
+                numa: Some(if i < n / 2 { 0 } else { 1 }),
+                healthy: true,
+                unusable: None,
+            })
+            .collect::<Vec<_>>();
+        let mut eps = eps;
+        eps.sort_by(|a, b| a.name.cmp(&b.name));
+        Catalog::default().with_family(Family::Whole, eps)
+    }
+
+    #[test]
+    fn forty_thousand_shared_ids_each_come_back_once_spread_over_every_endpoint_first() {
+        let c = catalog(625);
+        let all: Vec<String> = (0..625)
+            .flat_map(|e| (0..64).map(move |s| shared_id(&format!("ep{e}"), s)))
+            .collect();
+        let got = preferred(&c, Resource::Shared, &all, &[], all.len());
+        assert_eq!(got.len(), 40_000);
+        assert_eq!(
+            got.iter().collect::<HashSet<_>>().len(),
+            40_000,
+            "no ID twice"
+        );
+        let endpoint = |id: &String| {
+            id.rsplit_once("-shared-").unwrap().0[2..]
+                .parse::<usize>()
+                .unwrap()
+        };
+        // Too big for one node: the fuller node 1 (ep312…ep624) first, one
+        // share per endpoint before any gets a second.
+        let first: HashSet<usize> = got[..313].iter().map(endpoint).collect();
+        assert_eq!(first.len(), 313);
+        assert!(first.iter().all(|e| *e >= 312));
+        // 300 fit on either node: the smaller (node 0), 300 distinct endpoints.
+        let some = preferred(&c, Resource::Shared, &all, &[], 300);
+        let picked: HashSet<usize> = some.iter().map(endpoint).collect();
+        assert_eq!(picked.len(), 300);
+        assert!(picked.iter().all(|e| *e < 312));
+    }
+
+    #[test]
+    fn duplicated_and_unknown_ids_are_neither_repeated_nor_offered() {
+        let c = catalog(4);
+        let avail = vec!["ep0".to_string(), "ep0".into(), "nope".into(), "ep1".into()];
+        let got = preferred(
+            &c,
+            Resource::Exclusive,
+            &avail,
+            &["ep1".to_string(), "ep1".into()],
+            3,
+        );
+        assert_eq!(got, ["ep1", "ep0"]);
+    }
 
     #[test]
     fn natural_order() {

@@ -7,9 +7,11 @@
 //! | `rdma.shared` | `gpustack.ai/rdma` | [`SHARED_TOKENS`] | `mlx5_0-shared-07` |
 //! | `rdma.partitioned` | `gpustack.ai/rdma-vf` | 1 per VF | `mlx5_1` |
 
+use super::specfile::SpecReadError;
 use crate::cdi::{self, Family, Spec};
+use crate::names;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tracing::warn;
 
 /// Concurrent holders one whole interface serves as `rdma.shared`.
@@ -90,57 +92,11 @@ pub struct Catalog {
     families: BTreeMap<Family, Vec<Endpoint>>,
 }
 
-/// Why a family's spec file was not taken.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The file exists but could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The spec file.
-        path: PathBuf,
-        /// The read error.
-        source: std::io::Error,
-    },
-    /// The file is not a CDI spec of the expected kind.
-    #[error("{path}: {reason}")]
-    Malformed {
-        /// The spec file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-}
-
 impl Catalog {
-    /// The catalog built from parsed specs (one per family at most).
-    pub fn from_specs<'a>(specs: impl IntoIterator<Item = &'a Spec>) -> Catalog {
-        let mut families = BTreeMap::new();
-        for spec in specs {
-            let Some(family) = Family::ALL.into_iter().find(|f| f.kind() == spec.kind) else {
-                continue;
-            };
-            families.insert(family, endpoints_of(spec));
-        }
-        Catalog { families }
-    }
-
-    /// Reads both families' spec files from `cdi_dir`. A missing file is a
-    /// family with no endpoints; a file that cannot be read or parsed is
-    /// logged with its path and that family keeps what `previous` held, so a
-    /// torn or hand-broken file never withdraws tokens kubelet checkpointed.
-    pub fn load(cdi_dir: &Path, previous: &Catalog) -> Catalog {
-        let mut families = BTreeMap::new();
-        for family in Family::ALL {
-            let endpoints = match read_family(cdi_dir, family) {
-                Ok(Some(spec)) => endpoints_of(&spec),
-                Ok(None) => Vec::new(),
-                Err(e) => {
-                    warn!("skipping CDI spec: {e}; keeping the {} tokens already served", family.kind());
-                    previous.families.get(&family).cloned().unwrap_or_default()
-                }
-            };
-            families.insert(family, endpoints);
-        }
+    /// This catalog with one family's endpoints replaced.
+    pub fn with_family(&self, family: Family, endpoints: Vec<Endpoint>) -> Catalog {
+        let mut families = self.families.clone();
+        families.insert(family, endpoints);
         Catalog { families }
     }
 
@@ -155,27 +111,59 @@ impl Catalog {
         match resource {
             Resource::Shared => eps
                 .iter()
-                .flat_map(|ep| (0..SHARED_TOKENS).map(move |i| Token { id: shared_id(&ep.name, i), endpoint: ep }))
+                .flat_map(|ep| {
+                    (0..SHARED_TOKENS).map(move |i| Token {
+                        id: shared_id(&ep.name, i),
+                        endpoint: ep,
+                    })
+                })
                 .collect(),
-            _ => eps.iter().map(|ep| Token { id: ep.name.clone(), endpoint: ep }).collect(),
+            _ => eps
+                .iter()
+                .map(|ep| Token {
+                    id: ep.name.clone(),
+                    endpoint: ep,
+                })
+                .collect(),
         }
     }
 
     /// The endpoint a token ID stands for in a resource, if any.
     pub fn resolve(&self, resource: Resource, id: &str) -> Option<&Endpoint> {
-        let name = match resource {
+        let (i, _) = self.locate(resource, id)?;
+        Some(&self.endpoints(resource.family())[i])
+    }
+
+    /// Where a token ID points: the index of its endpoint in
+    /// [`Self::endpoints`] and its share number (0 outside `rdma.shared`).
+    /// A binary search (endpoints are sorted by name), so locating every ID
+    /// of a 40,000-token request stays cheap.
+    pub fn locate(&self, resource: Resource, id: &str) -> Option<(usize, u32)> {
+        let (name, share) = match resource {
             Resource::Shared => {
-                let (name, share) = id.rsplit_once(SHARED_INFIX)?;
-                // Only the exact spelling we advertise: "07", never "7" or "007".
-                let n: u32 = share.parse().ok()?;
-                if n >= SHARED_TOKENS || share != format!("{n:02}") {
+                // Only the exact spelling we advertise, "<endpoint>-shared-07":
+                // two ASCII digits (never "7" or "007") after the infix. Checked
+                // from the end, with no substring search per ID.
+                let b = id.as_bytes();
+                if b.len() < SHARED_INFIX.len() + 2
+                    || !b[b.len() - 2..].iter().all(u8::is_ascii_digit)
+                {
                     return None;
                 }
-                name
+                // The last two bytes are ASCII, so this is a char boundary.
+                let (head, _) = id.split_at(id.len() - 2);
+                let name = head.strip_suffix(SHARED_INFIX)?;
+                let n = u32::from(b[b.len() - 2] - b'0') * 10 + u32::from(b[b.len() - 1] - b'0');
+                if n >= SHARED_TOKENS {
+                    return None;
+                }
+                (name, n)
             }
-            _ => id,
+            _ => (id, 0),
         };
-        self.endpoints(resource.family()).iter().find(|ep| ep.name == name)
+        let eps = self.endpoints(resource.family());
+        let i = eps.binary_search_by(|ep| ep.name.as_str().cmp(name)).ok()?;
+        Some((i, share))
     }
 }
 
@@ -184,40 +172,38 @@ pub fn shared_id(endpoint: &str, share: u32) -> String {
     format!("{endpoint}{SHARED_INFIX}{share:02}")
 }
 
-/// Reads and parses one family's file; `Ok(None)` when it does not exist.
-fn read_family(cdi_dir: &Path, family: Family) -> Result<Option<Spec>, LoadError> {
-    let path = cdi_dir.join(family.file_name());
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(LoadError::Io { path, source }),
-    };
-    let spec: Spec = serde_json::from_slice(&bytes).map_err(|e| LoadError::Malformed {
-        path: path.clone(),
-        reason: format!("not a CDI spec: {e}"),
-    })?;
-    if spec.kind != family.kind() {
-        return Err(LoadError::Malformed {
-            path,
-            reason: format!("kind is {:?}, expected {:?}", spec.kind, family.kind()),
-        });
-    }
-    Ok(Some(spec))
-}
-
-fn endpoints_of(spec: &Spec) -> Vec<Endpoint> {
+/// The endpoints a parsed spec describes, sorted by name. A device whose
+/// name is outside the CDI name grammar is skipped (one warning per spec
+/// content, naming `path`): in the annotation form a `,` or `=` in it would
+/// make the runtime inject devices nobody was granted.
+pub fn endpoints_of(spec: &Spec, path: &Path) -> Vec<Endpoint> {
     let key = |k: &str| format!("{}/{k}", cdi::ANNOTATION_PREFIX);
-    let mut eps: Vec<Endpoint> = spec
+    let (good, bad): (Vec<_>, Vec<_>) = spec
         .devices
         .iter()
+        .partition(|d| names::is_cdi_device_name(&d.name));
+    if !bad.is_empty() {
+        let shown: Vec<&str> = bad.iter().map(|d| d.name.as_str()).collect();
+        warn!(
+            "{}: skipping CDI devices whose names CDI does not allow: {shown:?}",
+            path.display()
+        );
+    }
+    let mut eps: Vec<Endpoint> = good
+        .into_iter()
         .map(|d| {
-            let numa = d.annotations.get(&key("numa")).and_then(|v| v.parse::<i64>().ok()).filter(|n| *n >= 0);
+            let numa = d
+                .annotations
+                .get(&key("numa"))
+                .and_then(|v| v.parse::<i64>().ok())
+                .filter(|n| *n >= 0);
             let link = d.annotations.get(&key("link")).map(String::as_str);
-            let unusable = d
-                .container_edits
-                .device_nodes
-                .is_empty()
-                .then(|| format!("CDI device {}={} injects no verbs device", spec.kind, d.name));
+            let unusable = d.container_edits.device_nodes.is_empty().then(|| {
+                format!(
+                    "CDI device {}={} injects no verbs device",
+                    spec.kind, d.name
+                )
+            });
             Endpoint {
                 name: d.name.clone(),
                 cdi_name: format!("{}={}", spec.kind, d.name),
@@ -230,4 +216,62 @@ fn endpoints_of(spec: &Spec) -> Vec<Endpoint> {
     eps.sort_by(|a, b| a.name.cmp(&b.name));
     eps.dedup_by(|a, b| a.name == b.name);
     eps
+}
+
+/// Parses spec bytes read from `path` and checks the kind is `family`'s.
+pub fn parse(bytes: &[u8], path: &Path, family: Family) -> Result<Spec, SpecReadError> {
+    let spec: Spec = serde_json::from_slice(bytes).map_err(|e| SpecReadError::Malformed {
+        path: path.into(),
+        reason: format!("not a CDI spec: {e}"),
+    })?;
+    if spec.kind != family.kind() {
+        return Err(SpecReadError::Malformed {
+            path: path.into(),
+            reason: format!("kind is {:?}, expected {:?}", spec.kind, family.kind()),
+        });
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_id_resolves_only_in_its_exact_spelling_and_hostile_ids_do_not_panic() {
+        let ep = |name: &str| Endpoint {
+            name: name.into(),
+            cdi_name: format!("k={name}"),
+            numa: None,
+            healthy: true,
+            unusable: None,
+        };
+        let c = Catalog::default().with_family(Family::Whole, vec![ep("mlx5_0"), ep("mlx5_1")]);
+        assert_eq!(c.locate(Resource::Shared, "mlx5_1-shared-07"), Some((1, 7)));
+        assert_eq!(
+            c.locate(Resource::Shared, "mlx5_0-shared-63"),
+            Some((0, 63))
+        );
+        assert_eq!(c.locate(Resource::Exclusive, "mlx5_1"), Some((1, 0)));
+        for bad in [
+            "mlx5_0-shared-64",
+            "mlx5_0-shared-7",
+            "mlx5_0-shared-007",
+            "mlx5_0-shared-0é",
+            "é-shared-07",
+            "-shared-07",
+            "shared-07",
+            "mlx5_0",
+            "mlx5_2-shared-00",
+            "",
+        ] {
+            assert_eq!(c.locate(Resource::Shared, bad), None, "{bad:?}");
+        }
+        assert_eq!(c.locate(Resource::Exclusive, "mlx5_0-shared-00"), None);
+        assert_eq!(
+            c.locate(Resource::Partitioned, "mlx5_0"),
+            None,
+            "another family"
+        );
+    }
 }

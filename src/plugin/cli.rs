@@ -4,9 +4,12 @@
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
-use crate::cli::parse_namespace;
+use super::specfile;
+use crate::names::{duration_in, parse_namespace};
 use anyhow::Context;
+use clap::builder::BoolishValueParser;
 use clap::Parser;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,41 +25,108 @@ use tracing::error;
 /// Allocation hands the container the endpoint's CDI device and
 /// `NCCL_IB_HCA`. The plugin re-reads the specs when they change and
 /// registers again when kubelet restarts; SIGTERM removes its sockets.
+///
+/// Every flag can also be set from the environment variable shown beside it
+/// (a flag on the command line wins), as a DaemonSet usually does.
 #[derive(Debug, Parser)]
-#[command(name = "nodefabric-device-plugin", version)]
+#[command(name = "nodefabric-device-plugin", version = crate::VERSION)]
 pub struct PluginCli {
     /// Where `nodefabric publish` writes its CDI specs (its only input).
-    #[arg(long, default_value = "/var/run/cdi", value_name = "DIR")]
+    #[arg(
+        long,
+        env = "NODEFABRIC_CDI_DIR",
+        default_value = "/var/run/cdi",
+        value_name = "DIR"
+    )]
     pub cdi_dir: PathBuf,
 
     /// kubelet's device-plugin folder: holds kubelet.sock and this plugin's sockets.
-    #[arg(long, default_value = "/var/lib/kubelet/device-plugins", value_name = "DIR")]
+    #[arg(
+        long,
+        env = "NODEFABRIC_KUBELET_DIR",
+        default_value = "/var/lib/kubelet/device-plugins",
+        value_name = "DIR"
+    )]
     pub kubelet_dir: PathBuf,
 
     /// Do not serve `<prefix>/rdma.shared`.
-    #[arg(long)]
+    #[arg(long, env = "NODEFABRIC_NO_SHARED", value_parser = BoolishValueParser::new())]
     pub no_shared: bool,
 
     /// Do not serve `<prefix>/rdma.partitioned`.
-    #[arg(long)]
+    #[arg(long, env = "NODEFABRIC_NO_PARTITIONED", value_parser = BoolishValueParser::new())]
     pub no_partitioned: bool,
 
     /// The resource-name prefix (a DNS subdomain).
-    #[arg(long, default_value = "device.gpustack.ai", value_name = "PREFIX", value_parser = parse_namespace)]
+    #[arg(
+        long,
+        env = "NODEFABRIC_RESOURCE_PREFIX",
+        default_value = "device.gpustack.ai",
+        value_name = "PREFIX",
+        value_parser = parse_namespace
+    )]
     pub resource_prefix: String,
 
     /// Hand CDI device names to the runtime as `cdi.k8s.io/nodefabric_<resource>`
     /// annotations instead of the typed field, for kubelets before 1.31.
-    #[arg(long)]
+    #[arg(long, env = "NODEFABRIC_CDI_ANNOTATIONS", value_parser = BoolishValueParser::new())]
     pub cdi_annotations: bool,
 
-    /// How often to re-check specs and registration when no file event arrives.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// How often to re-check specs and registration when no file event
+    /// arrives (10ms to 24h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_POLL_INTERVAL",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_poll_interval
+    )]
     pub poll_interval: Duration,
 
+    /// Spec files larger than this many bytes are refused, and that family
+    /// keeps the tokens it had.
+    #[arg(
+        long,
+        env = "NODEFABRIC_MAX_SPEC_BYTES",
+        default_value_t = specfile::DEFAULT_MAX_BYTES,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_spec_bytes: u64,
+
+    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address,
+    /// e.g. 127.0.0.1:9478; none when unset.
+    #[arg(long, env = "NODEFABRIC_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// How long a ListAndWatch client may leave a device list untaken before
+    /// its connection is closed (1s to 1h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_DRAIN_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = parse_drain_timeout
+    )]
+    pub drain_timeout: Duration,
+
     /// Log filter for stderr: error, warn, info, debug or trace.
-    #[arg(long, default_value = "info", value_name = "LEVEL")]
+    #[arg(
+        long,
+        env = "NODEFABRIC_LOG_LEVEL",
+        default_value = "info",
+        value_name = "LEVEL"
+    )]
     pub log_level: tracing::Level,
+}
+
+
+fn parse_poll_interval(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
+}
+
+fn parse_drain_timeout(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 
 impl PluginCli {
@@ -75,8 +145,15 @@ impl PluginCli {
             kubelet_dir: self.kubelet_dir.clone(),
             resources,
             resource_prefix: self.resource_prefix.clone(),
-            delivery: if self.cdi_annotations { CdiDelivery::Annotations } else { CdiDelivery::Field },
+            delivery: if self.cdi_annotations {
+                CdiDelivery::Annotations
+            } else {
+                CdiDelivery::Field
+            },
             poll_interval: self.poll_interval,
+            max_spec_bytes: self.max_spec_bytes,
+            metrics_addr: self.metrics_addr,
+            drain_timeout: self.drain_timeout,
         }
     }
 }
@@ -85,7 +162,10 @@ impl PluginCli {
 pub fn main() -> ExitCode {
     let cli = PluginCli::parse();
     crate::logging::init(cli.log_level);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             error!("starting the runtime: {e}");

@@ -3,7 +3,14 @@
 pub mod allocate;
 pub mod api;
 pub mod catalog;
-pub mod service;
-pub mod server;
-pub mod uds;
 pub mod cli;
+pub mod conn;
+pub mod http;
+pub mod loader;
+pub mod metrics;
+pub mod quiet;
+pub mod server;
+pub mod service;
+pub mod specfile;
+pub mod uds;
+pub mod watcher;

@@ -3,38 +3,81 @@
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
 use super::catalog::{Catalog, Endpoint, Resource};
+use super::conn::Hangup;
+use super::metrics::{Observed, ResourceLabel};
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// Health strings kubelet understands.
 pub const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
 pub const UNHEALTHY: &str = "Unhealthy";
 
+/// The most ListAndWatch streams one resource serves at once. kubelet
+/// holds one; the rest of the room is for an operator's debugging client.
+/// Each stream may hold one encoded list in the HTTP/2 send buffer, so this
+/// bounds what clients can make the plugin hold.
+pub const MAX_STREAMS: usize = 8;
+
+/// How the services of one server generation are set up.
+#[derive(Clone)]
+pub struct Shared {
+    /// The always-current catalog.
+    pub catalog: watch::Receiver<Arc<Catalog>>,
+    /// How allocations hand CDI names to the runtime.
+    pub delivery: CdiDelivery,
+    /// Flips to true when this server generation stops, ending open streams
+    /// so a re-registration does not leave kubelet reading a dead list.
+    pub stop: watch::Receiver<bool>,
+    /// Metrics.
+    pub observed: Arc<Observed>,
+    /// How long a ListAndWatch client may leave a list untaken before its
+    /// connection is closed.
+    pub drain_timeout: Duration,
+}
+
 /// Serves one resource from the shared, always-current catalog.
 #[derive(Clone)]
 pub struct ResourceService {
     resource: Resource,
-    catalog: watch::Receiver<Arc<Catalog>>,
-    delivery: CdiDelivery,
-    /// Flips to true when this server generation stops, ending open streams
-    /// so a re-registration does not leave kubelet reading a dead list.
-    stop: watch::Receiver<bool>,
+    label: ResourceLabel,
+    shared: Shared,
+    streams: Arc<Semaphore>,
 }
 
 impl ResourceService {
-    /// A service for `resource` reading `catalog`.
-    pub fn new(
-        resource: Resource,
-        catalog: watch::Receiver<Arc<Catalog>>,
-        delivery: CdiDelivery,
-        stop: watch::Receiver<bool>,
-    ) -> Self {
-        ResourceService { resource, catalog, delivery, stop }
+    /// A service for `resource`, named `name` in metrics.
+    pub fn new(resource: Resource, name: String, shared: Shared) -> Self {
+        ResourceService {
+            resource,
+            label: ResourceLabel { resource: name },
+            shared,
+            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+        }
+    }
+}
+
+/// Counts an open stream in the gauge for as long as it lives.
+struct StreamGauge {
+    observed: Arc<Observed>,
+    label: ResourceLabel,
+}
+
+impl StreamGauge {
+    fn new(observed: Arc<Observed>, label: ResourceLabel) -> StreamGauge {
+        observed.streams.get_or_create(&label).inc();
+        StreamGauge { observed, label }
+    }
+}
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        self.observed.streams.get_or_create(&self.label).dec();
     }
 }
 
@@ -45,16 +88,23 @@ pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
         .into_iter()
         .map(|t| api::Device {
             id: t.id,
-            health: if t.endpoint.healthy { HEALTHY } else { UNHEALTHY }.into(),
+            health: if t.endpoint.healthy {
+                HEALTHY
+            } else {
+                UNHEALTHY
+            }
+            .into(),
             // No NUMA node known means no hint at all, never a stand-in node 0.
-            topology: t.endpoint.numa.map(|id| api::TopologyInfo { nodes: vec![api::NumaNode { id }] }),
+            topology: t.endpoint.numa.map(|id| api::TopologyInfo {
+                nodes: vec![api::NumaNode { id }],
+            }),
         })
         .collect()
 }
 
 /// How long after sending a list its freed buffers are handed back (by then
 /// the message has been encoded and written).
-const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+const TRIM_AFTER: Duration = Duration::from_secs(1);
 
 /// Hands the heap pages freed after a large list (built, encoded, dropped)
 /// back to the OS, so the plugin idles near what its catalog needs.
@@ -71,7 +121,10 @@ type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, 
 
 #[tonic::async_trait]
 impl DevicePlugin for ResourceService {
-    async fn get_device_plugin_options(&self, _: Request<api::Empty>) -> Result<Response<api::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
         Ok(Response::new(api::DevicePluginOptions {
             pre_start_required: false,
             get_preferred_allocation_available: true,
@@ -80,12 +133,27 @@ impl DevicePlugin for ResourceService {
 
     type ListAndWatchStream = DeviceStream;
 
-    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let (tx, rx) = mpsc::channel(4);
-        let mut catalog = self.catalog.clone();
-        let mut stop = self.stop.clone();
+    async fn list_and_watch(
+        &self,
+        request: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{MAX_STREAMS} ListAndWatch streams are already open for {}",
+                self.label.resource
+            ))
+        })?;
+        let hangup = request.extensions().get::<Hangup>().cloned();
+        // One slot: at most one list waits here for the client; the next is
+        // built only once that one is taken.
+        let (tx, rx) = mpsc::channel(1);
+        let mut catalog = self.shared.catalog.clone();
+        let mut stop = self.shared.stop.clone();
+        let drain = self.shared.drain_timeout;
         let resource = self.resource;
+        let gauge = StreamGauge::new(self.shared.observed.clone(), self.label.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             // The list is a function of the family's endpoints alone, so those
             // (hundreds) are what is remembered, not the list (a shared list
             // holds tens of thousands of tokens, and idle memory is the
@@ -96,12 +164,31 @@ impl DevicePlugin for ResourceService {
                 let current = catalog.borrow_and_update().clone();
                 let endpoints = current.endpoints(resource.family());
                 if last.as_deref() != Some(endpoints) {
+                    let slot = match tokio::time::timeout(drain, tx.reserve()).await {
+                        Ok(Ok(slot)) => slot,
+                        Ok(Err(_)) => {
+                            debug!("ListAndWatch client went away");
+                            return;
+                        }
+                        Err(_) => {
+                            warn!(
+                                resource = %gauge.label.resource,
+                                "a ListAndWatch client left a device list untaken for {drain:?}: closing its connection"
+                            );
+                            gauge.observed.dropped.get_or_create(&gauge.label).inc();
+                            if let Some(h) = &hangup {
+                                h.hang_up();
+                            }
+                            return;
+                        }
+                    };
                     let devices = device_list(&current, resource);
-                    info!(resource = resource.suffix(), devices = devices.len(), "sending device list");
-                    if tx.send(Ok(api::ListAndWatchResponse { devices })).await.is_err() {
-                        debug!("ListAndWatch client went away");
-                        return;
-                    }
+                    info!(
+                        resource = resource.suffix(),
+                        devices = devices.len(),
+                        "sending device list"
+                    );
+                    slot.send(Ok(api::ListAndWatchResponse { devices }));
                     last = Some(endpoints.to_vec());
                     trim_pending = true;
                 }
@@ -125,34 +212,67 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let catalog = self.catalog.borrow().clone();
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| api::ContainerPreferredAllocationResponse {
-                device_i_ds: allocate::preferred(
-                    &catalog,
-                    self.resource,
-                    &r.available_device_i_ds,
-                    &r.must_include_device_i_ds,
-                    usize::try_from(r.allocation_size).unwrap_or(0),
-                ),
-            })
-            .collect();
-        Ok(Response::new(api::PreferredAllocationResponse { container_responses }))
+        let started = Instant::now();
+        let catalog = self.shared.catalog.borrow().clone();
+        let resource = self.resource;
+        let requests = request.into_inner().container_requests;
+        // Off the runtime thread: a request naming tens of thousands of IDs
+        // must not hold up ListAndWatch, Allocate or registration meanwhile.
+        let container_responses = tokio::task::spawn_blocking(move || {
+            requests
+                .iter()
+                .map(|r| api::ContainerPreferredAllocationResponse {
+                    device_i_ds: allocate::preferred(
+                        &catalog,
+                        resource,
+                        &r.available_device_i_ds,
+                        &r.must_include_device_i_ds,
+                        usize::try_from(r.allocation_size).unwrap_or(0),
+                    ),
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?;
+        self.shared
+            .observed
+            .preferred
+            .get_or_create(&self.label)
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
-    async fn allocate(&self, request: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let started = Instant::now();
         // Recomputed from the specs as they are now; nothing is remembered.
-        let catalog = self.catalog.borrow().clone();
+        let catalog = self.shared.catalog.borrow().clone();
         let container_responses = request
             .into_inner()
             .container_requests
             .iter()
-            .map(|r| allocate::container_response(&catalog, self.resource, &r.devices_ids, self.delivery))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Response::new(api::AllocateResponse { container_responses }))
+            .map(|r| {
+                allocate::container_response(
+                    &catalog,
+                    self.resource,
+                    &r.devices_ids,
+                    self.shared.delivery,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>();
+        self.shared
+            .observed
+            .allocate
+            .get_or_create(&self.label)
+            .observe(started.elapsed().as_secs_f64());
+        let container_responses = container_responses?;
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
     }
 
     async fn pre_start_container(

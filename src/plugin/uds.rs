@@ -12,7 +12,9 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing stale socket {}", path.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("removing stale socket {}", path.display()))
+        }
     }
     UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))
 }

@@ -2,7 +2,10 @@
 //! `kubelet.sock` and hands each registration to the test or benchmark.
 #![allow(dead_code)]
 
-use nodefabric::plugin::api::{self, registration_server::{Registration, RegistrationServer}};
+use nodefabric::plugin::api::{
+    self,
+    registration_server::{Registration, RegistrationServer},
+};
 use nodefabric::plugin::uds;
 use std::path::Path;
 use std::time::Duration;
@@ -15,7 +18,9 @@ pub const WAIT: Duration = Duration::from_secs(15);
 
 /// Waits for `fut`, panicking (not hanging) after [`WAIT`].
 pub async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
 /// Serves `Registration` and hands each request to the test.
@@ -23,7 +28,10 @@ struct StandIn(mpsc::UnboundedSender<api::RegisterRequest>);
 
 #[tonic::async_trait]
 impl Registration for StandIn {
-    async fn register(&self, request: Request<api::RegisterRequest>) -> Result<Response<api::Empty>, Status> {
+    async fn register(
+        &self,
+        request: Request<api::RegisterRequest>,
+    ) -> Result<Response<api::Empty>, Status> {
         let _ = self.0.send(request.into_inner());
         Ok(Response::new(api::Empty {}))
     }
@@ -55,7 +63,11 @@ impl Kubelet {
     pub async fn registrations(&mut self, n: usize) -> Vec<api::RegisterRequest> {
         let mut out = Vec::new();
         for _ in 0..n {
-            out.push(within("a registration", self.registered.recv()).await.unwrap());
+            out.push(
+                within("a registration", self.registered.recv())
+                    .await
+                    .unwrap(),
+            );
         }
         out.sort_by(|a, b| a.resource_name.cmp(&b.resource_name));
         out
@@ -66,4 +78,3 @@ impl Kubelet {
         self.server.abort();
     }
 }
-

@@ -1,0 +1,200 @@
+//! Wakes the plugin's loop when, and only when, something it serves from
+//! may have changed: a spec file or `kubelet.sock` created, removed, renamed
+//! in or out, or closed after writing, or one of its own sockets removed.
+//!
+//! inotify also reports opens, reads and writes in progress; the plugin's
+//! own reads of the specs are among them, so waking on every event would
+//! make each reload cause the next. Those are filtered out here, on
+//! notify's thread, before anything is sent.
+//!
+//! Each folder's parent is watched too, and a folder's watch is re-armed
+//! when the folder is replaced (`rm -rf` then `mkdir`), which inotify does
+//! not follow by itself.
+
+use notify::event::{AccessKind, AccessMode, ModifyKind};
+use notify::{Event, EventKind, RecursiveMode, Watcher};
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tracing::debug;
+
+/// A folder to keep watched, with the identity of the one watched now.
+#[derive(Debug)]
+struct Armed {
+    path: PathBuf,
+    /// `(device, inode)` of the folder under watch; `None` when none is.
+    identity: Option<(u64, u64)>,
+}
+
+/// The inotify watch of the CDI and kubelet folders (and their parents).
+pub struct FolderWatch {
+    watcher: Option<notify::RecommendedWatcher>,
+    folders: Vec<Armed>,
+    /// Set by the event handler when a watched folder itself was created,
+    /// removed or renamed. The identity check alone is not enough: a folder
+    /// recreated at once often gets the inode number of the one deleted.
+    replaced: Arc<AtomicBool>,
+}
+
+impl FolderWatch {
+    /// Watches `folders` for changes to the file names in `files` (full
+    /// paths) and to the folders themselves; each relevant event sends one
+    /// wake on `wake` (capacity 1, so a burst coalesces into one).
+    /// Where inotify is unavailable the loop's poll tick does the work.
+    pub fn new(
+        folders: &[&Path],
+        files: Vec<PathBuf>,
+        wake: mpsc::Sender<()>,
+    ) -> (FolderWatch, Option<notify::Error>) {
+        let mut relevant: BTreeSet<PathBuf> = files.into_iter().collect();
+        let watched: BTreeSet<PathBuf> = folders.iter().map(|f| f.to_path_buf()).collect();
+        relevant.extend(watched.iter().cloned());
+        let replaced = Arc::new(AtomicBool::new(false));
+        let flag = replaced.clone();
+        let handler = move |res: notify::Result<Event>| {
+            let Ok(event) = res else { return };
+            if !matters(&event.kind) {
+                return;
+            }
+            if !matches!(event.kind, EventKind::Access(_))
+                && event.paths.iter().any(|p| watched.contains(p))
+            {
+                flag.store(true, Ordering::SeqCst);
+            }
+            if event.paths.iter().any(|p| relevant.contains(p)) {
+                debug!(?event, "file event");
+                // Full means a wake is already pending: nothing is lost.
+                let _ = wake.try_send(());
+            }
+        };
+        let (watcher, error) = match notify::recommended_watcher(handler) {
+            Ok(w) => (Some(w), None),
+            Err(e) => (None, Some(e)),
+        };
+        let mut parents: Vec<Armed> = Vec::new();
+        for f in folders {
+            if let Some(parent) = f.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if !parents.iter().any(|a| a.path == parent) {
+                    parents.push(Armed {
+                        path: parent.to_path_buf(),
+                        identity: None,
+                    });
+                }
+            }
+        }
+        let mut all = parents;
+        all.extend(folders.iter().map(|f| Armed {
+            path: f.to_path_buf(),
+            identity: None,
+        }));
+        let mut watch = FolderWatch {
+            watcher,
+            folders: all,
+            replaced,
+        };
+        watch.rearm();
+        (watch, error)
+    }
+
+    /// Watches again every folder that was replaced or has appeared since it
+    /// was last watched. Costs one stat per folder; call it on every wake.
+    pub fn rearm(&mut self) {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return;
+        };
+        let replaced = self.replaced.swap(false, Ordering::SeqCst);
+        for armed in &mut self.folders {
+            let now = std::fs::metadata(&armed.path)
+                .ok()
+                .filter(|m| m.is_dir())
+                .map(|m| (m.dev(), m.ino()));
+            if now == armed.identity && !replaced {
+                continue;
+            }
+            // notify drops a watch whose folder was deleted, but may still
+            // list it; forget it either way, then watch what is there now.
+            let _ = watcher.unwatch(&armed.path);
+            armed.identity = None;
+            if now.is_some() {
+                match watcher.watch(&armed.path, RecursiveMode::NonRecursive) {
+                    Ok(()) => {
+                        debug!(folder = %armed.path.display(), "watching");
+                        armed.identity = now;
+                    }
+                    Err(e) => debug!(folder = %armed.path.display(), "cannot watch yet: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// True for the events that can change a file's content or presence.
+fn matters(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Create(_) | EventKind::Remove(_) => true,
+        // Renames in or out, and permission or owner changes.
+        EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_)) => true,
+        // A write is complete when the writer closes the file.
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        // Opens, reads, closes after reading, writes still in progress.
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn woke(rx: &mut mpsc::Receiver<()>) -> bool {
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn reading_a_served_file_does_not_wake_and_replacing_it_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        let spec = dir.join("spec.json");
+        std::fs::write(&spec, "{}").unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let (_w, err) = FolderWatch::new(&[&dir], vec![spec.clone()], tx);
+        assert!(err.is_none());
+        for _ in 0..20 {
+            std::fs::read(&spec).unwrap();
+        }
+        std::fs::write(dir.join("unrelated.json"), "{}").unwrap();
+        assert!(
+            !woke(&mut rx).await,
+            "our own reads and other files must not wake the loop"
+        );
+        std::fs::write(dir.join(".tmp"), "[]").unwrap();
+        std::fs::rename(dir.join(".tmp"), &spec).unwrap();
+        assert!(woke(&mut rx).await);
+    }
+
+    #[tokio::test]
+    async fn a_folder_deleted_and_recreated_is_watched_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        let spec = dir.join("spec.json");
+        let (tx, mut rx) = mpsc::channel(1);
+        let (mut w, _) = FolderWatch::new(&[&dir], vec![spec.clone()], tx);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(woke(&mut rx).await, "the parent's watch sees the folder go");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(woke(&mut rx).await, "and come back");
+        w.rearm();
+        std::fs::write(&spec, "{}").unwrap();
+        assert!(
+            woke(&mut rx).await,
+            "a spec written into the new folder is seen"
+        );
+    }
+}
