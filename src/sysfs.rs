@@ -83,6 +83,11 @@ pub struct SysRoot {
     /// reads many attributes of each device folder, and re-walking the whole
     /// symlink chain for each (`fs::canonicalize`) was most of its cost.
     folders: Arc<Mutex<HashMap<String, PathBuf>>>,
+    /// The root opened as a directory handle, for `openat2(2)` with
+    /// `RESOLVE_BENEATH`: the kernel then walks an attribute's links and
+    /// keeps the walk inside the root in one call. `None` where the kernel
+    /// or a seccomp filter refuses it (the resolving path is used instead).
+    beneath: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// One entry of the tree as a read saw it, keyed by its path under the root.
@@ -111,7 +116,8 @@ impl SysRoot {
             path: root.display().to_string(),
             cause,
         })?;
-        Ok(SysRoot { root: canonical, recorder: None, folders: Arc::default() })
+        let beneath = open_dir(&canonical).filter(openat2_works).map(Arc::new);
+        Ok(SysRoot { root: canonical, recorder: None, folders: Arc::default(), beneath })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -337,16 +343,29 @@ impl SysRoot {
     /// in between the check and the read.
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
         use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-        let abs = self.resolve_abs(rel)?;
         let io = |cause| SysError::Io {
             path: rel.to_string(),
             cause,
         };
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(&abs)
-            .map_err(io)?;
+        // The kernel resolves and confines in one call; any refusal (a
+        // missing file, an escape, a dangling link) is asked again the long
+        // way, which names the fault exactly as before.
+        let beneath = match (&self.beneath, self.recording_on()) {
+            (Some(fd), false) => openat2_beneath(fd, rel.trim_start_matches('/')),
+            _ => None,
+        };
+        let (file, abs) = match beneath {
+            Some(f) => (f, None),
+            None => {
+                let abs = self.resolve_abs(rel)?;
+                let f = fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+                    .open(&abs)
+                    .map_err(io)?;
+                (f, Some(abs))
+            }
+        };
         let ft = file.metadata().map_err(io)?.file_type();
         if !ft.is_file() {
             let kind = if ft.is_dir() {
@@ -369,8 +388,9 @@ impl SysRoot {
         file.take(MAX_ATTR_BYTES + 1)
             .read_to_end(&mut buf)
             .map_err(io)?;
-        if self.recording_on() {
-            self.note(self.relative(&abs), Entry::File(buf.clone()));
+        // A recording tree always takes the resolving path, so `abs` is there.
+        if let (true, Some(abs)) = (self.recording_on(), &abs) {
+            self.note(self.relative(abs), Entry::File(buf.clone()));
         }
         if buf.len() as u64 > MAX_ATTR_BYTES {
             return Err(SysError::TooLarge {
@@ -445,6 +465,45 @@ impl SysRoot {
     }
 }
 
+/// Opens `root` as a directory handle for [`openat2_beneath`].
+fn open_dir(root: &Path) -> Option<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root).ok()?;
+    Some(dir.into())
+}
+
+/// True when `openat2(2)` answers here: kernels before 5.6 say ENOSYS, and
+/// a container's seccomp filter may say EPERM; both keep the resolving path.
+fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
+    openat2_raw(dir, ".", libc::O_DIRECTORY).is_ok()
+}
+
+/// Opens `rel` beneath `dir` for reading, never blocking, with the kernel
+/// resolving every link and refusing any walk that leaves `dir` (or uses
+/// a `/proc` magic link). `None` on any refusal.
+fn openat2_beneath(dir: &std::os::fd::OwnedFd, rel: &str) -> Option<fs::File> {
+    openat2_raw(dir, rel, libc::O_NONBLOCK | libc::O_NOCTTY).ok()
+}
+
+fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let path = std::ffi::CString::new(rel).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: `open_how` is plain data; zeroed is its valid empty value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | flags) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: a valid directory fd, a NUL-terminated path and a pointer to
+    // an `open_how` of the size passed; the kernel returns a new fd or -1.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), path.as_ptr(), &how as *const libc::open_how, std::mem::size_of::<libc::open_how>())
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just handed us this fd, owned by nobody else.
+    Ok(unsafe { fs::File::from_raw_fd(fd as libc::c_int) })
+}
+
 /// Parses a hex attribute as the kernel prints it (`0x10de`, `0x1003`).
 pub fn parse_hex(s: &str) -> Option<u32> {
     u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
@@ -474,6 +533,33 @@ pub fn basename(rel: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_through_a_link_out_of_the_root_is_refused_by_either_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("mtu"), "1500\n").unwrap();
+        fs::create_dir(dir.path().join("net")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("net/evil")).unwrap();
+        std::os::unix::fs::symlink("../../..", dir.path().join("net/up")).unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        for rel in ["net/evil/mtu", "net/up/etc/hostname"] {
+            match root.read(rel) {
+                Err(SysError::Escapes { .. }) => {}
+                other => panic!("{rel}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_fifo_attribute_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = std::ffi::CString::new(dir.path().join("state").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let root = SysRoot::new(dir.path()).unwrap();
+        assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })));
+    }
 
     #[test]
     fn basename_of_nested_path() {
