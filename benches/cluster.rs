@@ -39,6 +39,8 @@ fn rails(root: &Path, lldp: &Path, kubeconfig: &Path, node: &str, publish: bool)
 /// Runs a command to its end; (wall time, peak RSS KiB) via wait4(2).
 fn measure(mut c: Command) -> (Duration, i64) {
     let start = Instant::now();
+    // Reaped by wait4 below, which also gives the peak RSS.
+    #[allow(clippy::zombie_processes)]
     let child = c.spawn().unwrap();
     let mut status = 0;
     // SAFETY: plain wait4 on our own child; rusage is a zeroed out-parameter.
@@ -107,8 +109,8 @@ fn main() {
     let stale = records / 4;
     let uids: Vec<String> = (BROKERS..NODES).map(|i| api.add_node(&format!("gpu-{i:04}"))).collect();
     api.with(|s| {
-        for i in 0..records {
-            let uid = if i < stale { "gone".to_string() } else { uids[i].clone() };
+        for (i, node_uid) in uids.iter().enumerate().take(records) {
+            let uid = if i < stale { "gone" } else { node_uid.as_str() };
             let name = if i < stale { format!("gone-{i:04}") } else { format!("gpu-{:04}", BROKERS + i) };
             let mut value: serde_json::Value = serde_json::from_str(&record).unwrap();
             value["nodeUID"] = json!(uid);
