@@ -177,6 +177,14 @@ impl World {
     }
 }
 
+/// A printed record as the ConfigMap stores it: compact, keys sorted.
+fn compact(printed: &str) -> String {
+    let v: Value = serde_json::from_str(printed).unwrap();
+    let s = serde_json::to_string(&v).unwrap();
+    assert!(!s.contains('\n') && s.len() < printed.len());
+    s
+}
+
 fn ok(o: Output) -> String {
     assert!(
         o.status.success(),
@@ -326,8 +334,9 @@ fn concurrent_publication_every_broker_key_lands_none_lost() {
     );
     for ((node, uid), out) in nodes.iter().zip(&printed) {
         assert_eq!(
-            &data[node], out,
-            "the key holds exactly what `rails` prints"
+            data[node],
+            compact(out),
+            "the key holds what `rails` prints, as compact JSON"
         );
         assert_eq!(w.record_uid(node).as_deref(), Some(uid.as_str()));
     }
@@ -423,7 +432,8 @@ fn record_refused_for_size_names_the_limit_and_the_record_size() {
     w.owned_configmap(json!({ "filler": filler }));
     w.api.add_node("node-a");
     let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
-    let size = "node-a".len() + ok(w.rails("node-a", "lldp.json").output().unwrap()).len();
+    let size =
+        "node-a".len() + compact(&ok(w.rails("node-a", "lldp.json").output().unwrap())).len();
     assert!(
         e.contains("1048576 bytes (1 MiB)")
             && e.contains(&format!("Node node-a ({size} bytes)"))
@@ -804,7 +814,7 @@ fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
     c.args(["--sysfs-paths", "--node-name", "node-a", "--rails-config"])
         .arg(&values);
     let printed = ok(c.output().unwrap());
-    assert_eq!(w.data()["node-a"], printed);
+    assert_eq!(w.data()["node-a"], compact(&printed));
     // Without --node-name there is no key to write: refused before anything is sent.
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
     c.args(["rails", "--sysfs-root"])
@@ -973,7 +983,12 @@ fn missing_or_malformed_kubeconfig_fails_naming_it() {
     w.api.add_node("node-a");
     let garbage = w.dir.join("garbage-kubeconfig");
     fs::write(&garbage, "clusters: [unterminated\n").unwrap();
-    for path in [w.dir.join("no-such-kubeconfig"), garbage] {
+    // A FIFO would block a whole-file read forever: refused unopened.
+    let fifo = w.dir.join("fifo-kubeconfig");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path in our temp folder.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    for path in [w.dir.join("no-such-kubeconfig"), garbage, fifo] {
         let e = failed(
             w.nodefabric_as(&path)
                 .args([
@@ -1037,7 +1052,7 @@ fn one_shot_publish_writes_the_rail_file_even_when_the_configmap_refuses() {
     ok(publish());
     assert_eq!(
         w.data()["node-a"],
-        written,
-        "file and key carry the same bytes"
+        compact(&written),
+        "file and key carry the same record"
     );
 }

@@ -130,17 +130,6 @@ impl ClusterError {
             source,
         }
     }
-
-    /// The HTTP status the API server answered with, if it answered.
-    pub fn status_code(&self) -> Option<u16> {
-        match self {
-            ClusterError::Api {
-                source: kube::Error::Api(s),
-                ..
-            } => Some(s.code),
-            _ => None,
-        }
-    }
 }
 
 /// The status code of an API answer inside a kube-rs error.
@@ -183,7 +172,7 @@ impl ConfigMapRef {
     }
 
     /// The namespace, falling back to the client's default.
-    pub fn namespace_or<'a>(&'a self, client: &'a Client) -> &'a str {
+    fn namespace_or<'a>(&'a self, client: &'a Client) -> &'a str {
         self.namespace
             .as_deref()
             .unwrap_or(client.default_namespace())
@@ -232,6 +221,17 @@ fn env_set(name: &str) -> bool {
 pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
     if let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
         let source_name = format!("KUBECONFIG={}", PathBuf::from(&path).display());
+        // kube-rs reads each listed file whole: a FIFO or a device would
+        // block or never end, so only regular files (or absent ones, which
+        // it reports) are handed over.
+        for file in std::env::split_paths(&path) {
+            if std::fs::metadata(&file).is_ok_and(|m| !m.is_file()) {
+                return Err(ClusterError::Config {
+                    source_name,
+                    message: format!("{} is not a regular file", file.display()),
+                });
+            }
+        }
         return Config::from_kubeconfig(&KubeConfigOptions::default())
             .await
             .map_err(|e| ClusterError::Config {
@@ -254,6 +254,15 @@ pub async fn config(sa_dir: &Path) -> Result<Config, ClusterError> {
         host
     };
     let source_name = format!("the service account in {}", sa_dir.display());
+    // As for KUBECONFIG: whole-file reads only of regular files.
+    for file in ["token", "ca.crt", "namespace"].map(|f| sa_dir.join(f)) {
+        if std::fs::metadata(&file).is_ok_and(|m| !m.is_file()) {
+            return Err(ClusterError::Config {
+                source_name,
+                message: format!("{} is not a regular file", file.display()),
+            });
+        }
+    }
     // The in-cluster setup written as a kubeconfig, so kube-rs reads the CA
     // and (re-reads) the token file exactly as it does for any kubeconfig.
     let path = |f: &str| Some(sa_dir.join(f).display().to_string());

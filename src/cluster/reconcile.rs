@@ -137,7 +137,7 @@ pub async fn clean(
             // The test failed: someone wrote a newer record (or removed it) since the read.
             Err(e) if code(&e) == Some(422) => {
                 tracing::info!(
-                    "record {} changed since it was read; left for its broker ({e})",
+                    "record {} not removed: the test-and-remove was refused, so it changed since it was read ({e})",
                     confirmed.key
                 );
                 out.changed.push(confirmed.key);
