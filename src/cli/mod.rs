@@ -1,0 +1,299 @@
+//! The `nodefabric` command line: argument parsing and the thin glue that
+//! calls the library. Kept in the library so tests and examples can drive the
+//! exact parser the binary uses.
+
+use crate::labels::DEFAULT_NAMESPACE;
+use crate::pass::{self, Pass};
+use crate::{cdi, cluster, fabric, nfd, preflight};
+use anyhow::{Context, Result};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+mod capture;
+mod publish;
+mod rails;
+
+pub use capture::CaptureArgs;
+pub use publish::{publish_once, PublishArgs};
+pub use rails::{RailArgs, RailsCommand};
+
+/// Discovers a node's RDMA and accelerator fabric from sysfs and publishes it
+/// for Kubernetes: NFD labels, CDI specs, a rail record.
+///
+/// Every command reads the same pass over the sysfs tree, so `preflight`
+/// shows exactly what `publish` would write.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "nodefabric", version = crate::VERSION, propagate_version = true)]
+pub struct Cli {
+    /// The sysfs tree to read: the live /sys, a copy of one, or a
+    /// `nodefabric capture` archive (.tar.gz), unpacked to a temp folder.
+    #[arg(long, global = true, default_value = "/sys", env = "NODEFABRIC_SYSFS_ROOT", value_name = "DIR")]
+    pub sysfs_root: PathBuf,
+
+    /// Replaying a capture: refuse an archive of more entries than this.
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::capture::limits::DEFAULT_MAX_ENTRIES, value_parser = crate::capture::limits::parse_max_entries)]
+    pub replay_max_entries: u64,
+
+    /// Replaying a capture: refuse an archive that unpacks to more bytes
+    /// than this (a number, optionally with B, KiB, MiB or GiB).
+    #[arg(long, global = true, value_name = "SIZE", default_value = "256MiB", value_parser = crate::capture::limits::parse_max_bytes)]
+    pub replay_max_bytes: u64,
+
+    /// Label key namespace (the part before `/`). nfd-master must allow it:
+    /// see nfd-hooks/README.md.
+    #[arg(long, global = true, default_value = DEFAULT_NAMESPACE, value_name = "NS", value_parser = parse_namespace)]
+    pub label_namespace: String,
+
+    /// The nvidia-smi to run instead of the one on PATH: `-q` for the NVLink
+    /// fabric, `--query-gpu` and `topo -m` for rails.
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "nvidia_smi_q")]
+    pub nvidia_smi: Option<PathBuf>,
+
+    /// NVIDIA fabric: read NVML from this library only (by default NVML is
+    /// tried from libnvidia-ml.so.1 and, where it is absent, `nvidia-smi -q`).
+    #[arg(long, global = true, value_name = "PATH", conflicts_with_all = ["nvidia_smi", "nvidia_smi_q"])]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// NVIDIA fabric: read a saved `nvidia-smi -q` text instead of running it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub nvidia_smi_q: Option<PathBuf>,
+
+    /// Ascend fabric: the super-pod JSON file (see README, "Scale-up fabric").
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ascend_fabric: Option<PathBuf>,
+
+    /// How long a vendor tool (nvidia-smi) may run before it is killed; its
+    /// answer then counts as unreadable, and the previous one is kept.
+    #[arg(long, global = true, default_value = "30s", value_name = "DURATION", value_parser = parse_tool_timeout)]
+    pub tool_timeout: Duration,
+
+    /// Log filter for stderr: error, warn, info, debug or trace.
+    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    pub log_level: tracing::Level,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// The vendor answers of a replayed capture (never a flag: set when
+    /// `--sysfs-root` is an archive holding them).
+    #[arg(skip)]
+    pub replayed_answers: Option<fabric::answers::Answers>,
+}
+
+/// Kept here for callers that name it through the command line module.
+pub use crate::names::parse_namespace;
+use crate::names::duration_in;
+
+fn parse_tool_timeout(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
+}
+
+/// The subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Print the node record as JSON (`.spec.interfaces[]`, `.spec.groups[]`).
+    Inventory(StateArgs),
+    /// Print the NFD feature-file label lines (what `publish` writes).
+    Features(StateArgs),
+    /// Print a table of every RDMA endpoint and the labels that would be
+    /// published. Exit 0 when the node would carry rdma.capable, 1 when not,
+    /// 2 on an error.
+    Preflight(StateArgs),
+    /// Print the CDI specs, one per resource family, as a JSON object keyed by
+    /// the file name `publish` gives each. Fails, naming every place checked,
+    /// when an endpoint's verbs device cannot be resolved.
+    Cdi(StateArgs),
+    /// Print the GPU-to-NIC rail record: for every GPU and every network rail,
+    /// the NICs tied at the closest PCIe path class (PIX < PXB < PHB < NODE < SYS).
+    /// Rails come from the host's LLDP neighbours (or, with --rail-source
+    /// interface-name, from port names alone); path classes from
+    /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
+    /// naming the rail and GPU, on an unknown path class or a rail with no
+    /// qualified NIC.
+    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'")]
+    Rails(RailsCommand),
+    /// Write the feature file and CDI specs atomically, once or every --interval.
+    Publish(PublishArgs),
+    /// Pack exactly the sysfs files and links one discovery pass reads (and
+    /// nothing else of the host) into a .tar.gz that --sysfs-root reads
+    /// back: attach it to a bug report; maintainers replay it with
+    /// `nodefabric --sysfs-root FILE.tar.gz inventory`.
+    Capture(CaptureArgs),
+    /// The Node Observer: create and own the shared rail ConfigMap (a
+    /// controller ownerReference to --owner-deployment) and remove the
+    /// records of deleted or replaced Nodes. Runs until SIGTERM (exit 0).
+    Observe(cluster::args::ObserveArgs),
+}
+
+/// Where the previous record lives (for stable `firstSeen` times).
+#[derive(Debug, Clone, Args)]
+pub struct StateArgs {
+    /// Folder holding the last published record; read only by this command.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Parses `std::env::args` and runs; the binary's whole `main`.
+pub fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = require_folders_off_sys(&cli, &matches) {
+        e.exit();
+    }
+    crate::logging::init(cli.log_level);
+    run(&cli)
+}
+
+/// `publish` on a tree other than `/sys` (a capture, a copy, a test tree)
+/// must name every folder it writes: the defaults are this host's live NFD,
+/// CDI and state folders, and a replay must never write into them by accident.
+fn require_folders_off_sys(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+    let Some(("publish", sub)) = matches.subcommand() else { return Ok(()) };
+    if cli.sysfs_root.components().eq(Path::new("/sys").components()) {
+        return Ok(());
+    }
+    let defaulted: Vec<String> = ["features_dir", "cdi_dir", "state_dir"]
+        .into_iter()
+        .filter(|id| sub.value_source(id) == Some(clap::parser::ValueSource::DefaultValue))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+    if defaulted.is_empty() {
+        return Ok(());
+    }
+    Err(Cli::command().error(
+        clap::error::ErrorKind::MissingRequiredArgument,
+        format!(
+            "--sysfs-root {} is not this host's /sys: give {} explicitly (the defaults are this host's live folders)",
+            cli.sysfs_root.display(),
+            defaulted.join(", ")
+        ),
+    ))
+}
+
+/// Runs a parsed command line and maps the outcome to an exit status.
+pub fn run(cli: &Cli) -> ExitCode {
+    let preflight = matches!(cli.command, Command::Preflight(_));
+    match execute_on_tree(cli) {
+        Ok(code) => code,
+        // A reader that stopped reading (`| head`) is not an error: the
+        // output it wanted has been written, the rest is not wanted.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Printed once, as the command's last word; not also as a log line.
+            eprintln!("nodefabric: error: {e:#}");
+            ExitCode::from(if preflight { 2 } else { 1 })
+        }
+    }
+}
+
+/// Writes a command's output to stdout; a closed pipe comes back as an
+/// error that [`run`] recognises, instead of the panic `print!` would raise.
+fn emit(bytes: impl AsRef<[u8]>) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes.as_ref())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// True when an error comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+impl Cli {
+    /// The fabric inputs named on the command line.
+    pub fn fabric_sources(&self) -> fabric::Sources {
+        let nvidia = match (&self.nvidia_smi_q, &self.nvidia_smi, &self.nvml_lib) {
+            (Some(f), _, _) => fabric::NvidiaSource::File(f.clone()),
+            (None, Some(b), _) => fabric::NvidiaSource::Command(b.clone()),
+            (None, None, Some(lib)) => fabric::NvidiaSource::Nvml(lib.clone()),
+            (None, None, None) => fabric::NvidiaSource::Auto,
+        };
+        // A replayed capture answers with what the captured pass used, unless
+        // a fabric input is named on the command line.
+        let named = self.nvidia_smi.is_some() || self.nvidia_smi_q.is_some() || self.nvml_lib.is_some() || self.ascend_fabric.is_some();
+        fabric::Sources {
+            nvidia,
+            ascend: self.ascend_fabric.clone(),
+            timeout: self.tool_timeout,
+            replay: if named { None } else { self.replayed_answers.clone() },
+            recorder: None,
+        }
+    }
+}
+
+/// One discovery pass; `fabric` says whether the command's output uses the
+/// scale-up fabric (and so whether vendor tools are asked at all).
+fn one_pass(cli: &Cli, state_dir: Option<&Path>, fabric: bool) -> Result<Pass> {
+    let now = pass::now()?;
+    pass::run(&cli.sysfs_root, state_dir, now, fabric.then(|| cli.fabric_sources()).as_ref())
+        .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
+}
+
+/// Executes on the tree `--sysfs-root` names; a capture archive is unpacked
+/// into a temporary folder that lives for this run only.
+fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
+    if !crate::capture::is_archive(&cli.sysfs_root) {
+        return execute(cli);
+    }
+    let limits = crate::capture::Limits { max_entries: cli.replay_max_entries, max_bytes: cli.replay_max_bytes };
+    // Lives until the command is done; dropping it removes the folder.
+    let replay = crate::capture::unpack(&cli.sysfs_root, &limits)?;
+    let answers = replay.answers().map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
+    execute(&Cli { sysfs_root: replay.tree(), replayed_answers: answers, ..cli.clone() })
+}
+
+fn execute(cli: &Cli) -> Result<ExitCode> {
+    let ns = &cli.label_namespace;
+    match &cli.command {
+        Command::Inventory(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(format!("{}\n", serde_json::to_string_pretty(&pass.record)?))?;
+        }
+        Command::Features(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(nfd::label_lines(&pass.labels, ns))?;
+        }
+        Command::Preflight(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
+            emit(preflight::report(&pass, ns))?;
+            let capable = pass.labels.values.contains_key("rdma.capable");
+            return Ok(ExitCode::from(if capable { 0 } else { 1 }));
+        }
+        Command::Cdi(s) => {
+            let pass = one_pass(cli, s.state_dir.as_deref(), false)?;
+            let mut specs = serde_json::Map::new();
+            for family in cdi::Family::ALL {
+                if let Some(spec) = cdi::spec(&pass.record, family)? {
+                    specs.insert(family.file_name().into(), serde_json::to_value(spec)?);
+                }
+            }
+            emit(format!("{}\n", serde_json::to_string_pretty(&specs)?))?;
+        }
+        Command::Rails(r) => {
+            let options = r.rails.options(cli.nvidia_smi.as_deref())?;
+            let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
+            let record = rails::rail_record(cli, &pass, &options)?;
+            if let Some(cm) = r.rails.configmap()? {
+                r.rails.cluster.publish(&cm, &record)?;
+            }
+            emit(crate::rails::to_bytes(&record))?;
+        }
+        Command::Publish(p) => return publish::publish_loop(cli, p),
+        Command::Capture(c) => capture::capture(cli, c)?,
+        Command::Observe(o) => o.run()?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Splits an output file given with `flag` into the folder the atomic write
+/// works in (`.` for a bare name) and the file name.
+fn folder_and_name<'a>(file: &'a Path, flag: &str) -> Result<(&'a Path, &'a str)> {
+    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = file.file_name().and_then(|n| n.to_str()).with_context(|| format!("{flag} {} has no file name", file.display()))?;
+    Ok((dir, name))
+}

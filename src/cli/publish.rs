@@ -1,0 +1,135 @@
+//! `nodefabric publish`: the one command that writes, once or every interval.
+
+use super::rails::{publish_rails, RailArgs};
+use super::{folder_and_name, Cli};
+use crate::names::duration_in;
+use crate::{cluster, nfd, pass, publish};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::{error, info};
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+/// `0s` turns expiry off; otherwise at most a year, far past any interval.
+fn parse_expiry(s: &str) -> Result<Duration, String> {
+    duration_in(s, Duration::ZERO, Duration::from_secs(365 * 24 * 3600))
+}
+
+/// Options of `publish`.
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    /// NFD's features.d folder; the file written there is `nodefabric`.
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/node-feature-discovery/features.d")]
+    pub features_dir: PathBuf,
+
+    /// CDI spec folder; this tool owns the files named nodefabric-*.json there.
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+
+    /// Folder for the last published record (keeps `firstSeen` stable).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/nodefabric")]
+    pub state_dir: PathBuf,
+
+    /// Publish again every DURATION (e.g. 60s) instead of once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    pub interval: Option<Duration>,
+
+    /// Label lifetime written as NFD's expiry-time directive, so labels lapse
+    /// if the publisher dies. Default: 3 × --interval; none for a one-shot run.
+    /// 0s disables it.
+    #[arg(long, value_name = "DURATION", value_parser = parse_expiry)]
+    pub expiry: Option<Duration>,
+
+    /// Also write the rail record (as `rails` prints it) to FILE, atomically.
+    /// When it cannot be built the previous file is kept and the pass fails.
+    #[arg(long, value_name = "FILE")]
+    pub rails_file: Option<PathBuf>,
+
+    /// With --interval: serve /livez and /readyz on this address (e.g.
+    /// 0.0.0.0:8081); ready while the last pass succeeded.
+    #[arg(long, value_name = "ADDR", requires = "interval")]
+    pub health_addr: Option<std::net::SocketAddr>,
+
+    /// The rail inputs, used with --rails-file or a rail ConfigMap.
+    #[command(flatten)]
+    pub rails: RailArgs,
+}
+
+impl PublishArgs {
+    /// The expiry lifetime in force, from --expiry or the --interval default.
+    pub fn ttl(&self) -> Option<Duration> {
+        match (self.expiry, self.interval) {
+            (Some(d), _) if d.is_zero() => None,
+            (Some(d), _) => Some(d),
+            (None, Some(i)) => Some(i * 3),
+            (None, None) => None,
+        }
+    }
+}
+
+pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
+    let Some(interval) = args.interval else {
+        publish_once(cli, args)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let health = cluster::health::Health::new();
+    if let Some(addr) = args.health_addr {
+        let bound = health.serve(addr).with_context(|| format!("--health-addr {addr}"))?;
+        info!("health endpoints on http://{bound}/livez and /readyz");
+    }
+    health.set_live(true);
+    loop {
+        // A failed pass keeps everything previously published; the sidecar
+        // carries on, unready, and tries again next interval.
+        let result = publish_once(cli, args);
+        health.set_ready(result.is_ok());
+        if let Err(e) = result {
+            error!("publish pass failed, previous output kept: {e:#}");
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// One publish pass: discover, then write each artifact only if it changed.
+pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
+    let now = pass::now()?;
+    let state_dir = args.state_dir.as_path();
+    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now, Some(&cli.fabric_sources()))
+        .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
+
+    let ttl = args.ttl();
+    let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
+        .context("previous feature file kept")?;
+    let rails_dir = match &args.rails_file {
+        Some(file) => Some(folder_and_name(file, "--rails-file")?.0),
+        None => None,
+    };
+    let folders: Vec<&Path> = [Some(args.features_dir.as_path()), Some(args.cdi_dir.as_path()), Some(state_dir), rails_dir]
+        .into_iter()
+        .flatten()
+        .collect();
+    publish::check_folders(&folders)?;
+    let dir = &args.features_dir;
+    let existing = std::fs::read_to_string(dir.join(nfd::FEATURE_FILE)).ok();
+    if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
+        let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
+        info!("wrote {}", path.display());
+    }
+
+    // The record is saved even when a CDI family fails, so firstSeen stays
+    // stable; the failure is still reported through the exit status.
+    let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
+    let mut json = serde_json::to_string_pretty(&pass.record)?;
+    json.push('\n');
+    publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
+    let rails = args.rails.configmap().and_then(|cm| match (&args.rails_file, cm) {
+        (None, None) => Ok(()),
+        (file, cm) => publish_rails(cli, &pass, &args.rails, file.as_deref(), cm.as_ref()),
+    });
+    cdi.and(rails)
+}
