@@ -62,6 +62,11 @@ impl Plugin {
         DevicePluginClient::new(uds::connect(&self.kubelet_dir.join(socket)).await.unwrap())
     }
 
+    /// Opens a ListAndWatch stream on `socket`, as kubelet does after registering.
+    async fn watch(&self, socket: &str) -> Streaming<api::ListAndWatchResponse> {
+        self.client(socket).await.list_and_watch(api::Empty {}).await.unwrap().into_inner()
+    }
+
     /// Every line logged so far.
     fn log_lines(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
@@ -168,14 +173,7 @@ async fn next_list(stream: &mut Streaming<api::ListAndWatchResponse>) -> Vec<api
 }
 
 async fn list_once(plugin: &Plugin, socket: &str) -> Vec<api::Device> {
-    let mut stream = plugin
-        .client(socket)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
-    next_list(&mut stream).await
+    next_list(&mut plugin.watch(socket).await).await
 }
 
 fn ids(v: &[&str]) -> Vec<String> {
@@ -255,13 +253,7 @@ async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_f
     // A huge poll interval: only the folder watch can deliver the updates below.
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
     assert_eq!(kubelet.registrations(3).await.len(), 3);
-    let mut stream = plugin
-        .client(EXCLUSIVE)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = plugin.watch(EXCLUSIVE).await;
     assert!(
         next_list(&mut stream).await.is_empty(),
         "no specs yet: zero devices"
@@ -360,13 +352,7 @@ async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
     t.rdma(&vf, "mlx5_1", &[("4: ACTIVE", "5: LinkUp")]);
     t.sriov(&pf, 8, &[vf]);
     publish(&vf_blank, &d.cdi());
-    let mut stream = plugin
-        .client(PARTITIONED)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = plugin.watch(PARTITIONED).await;
     let mut list = next_list(&mut stream).await;
     if list.is_empty() {
         list = next_list(&mut stream).await;
@@ -608,13 +594,7 @@ async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_s
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
     kubelet.registrations(3).await;
-    let mut old_stream = plugin
-        .client(EXCLUSIVE)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut old_stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(next_list(&mut old_stream).await.len(), 2);
 
     // kubelet restarts: it stops, wipes the plugin sockets, recreates kubelet.sock.
@@ -819,13 +799,7 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
     // kubelet appears: the plugin registers (the socket's creation wakes it).
     let mut kubelet = Kubelet::start(&d.kubelet());
     kubelet.registrations(3).await;
-    let mut stream = plugin
-        .client(EXCLUSIVE)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(next_list(&mut stream).await.len(), 2);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let reloads = "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1";
@@ -857,13 +831,7 @@ async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_agai
     // Only the folder watch can deliver the change below.
     let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
     kubelet.registrations(3).await;
-    let mut stream = plugin
-        .client(EXCLUSIVE)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(summary(&next_list(&mut stream).await).len(), 2);
 
     std::fs::remove_dir_all(d.cdi()).unwrap();
@@ -995,13 +963,7 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
     let mut kubelet = Kubelet::start(&d.kubelet());
     kubelet.registrations(3).await;
     eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
-    let _stream = plugin
-        .client(EXCLUSIVE)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let _stream = plugin.watch(EXCLUSIVE).await;
     let req = api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
             devices_ids: ids(&["mlx5_1"]),
@@ -1084,13 +1046,7 @@ async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_strea
         .unwrap()
         .into_inner();
     // A slow client that does read, a little late each time.
-    let mut slow = plugin
-        .client(SHARED)
-        .await
-        .list_and_watch(api::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut slow = plugin.watch(SHARED).await;
     let mut lists = vec![next_list(&mut slow).await];
     for tree in [&down, &up, &down] {
         publish(tree, &d.cdi());
@@ -1130,13 +1086,7 @@ async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_strea
     let mut held = Vec::new();
     for _ in 0..7 {
         held.push(
-            plugin
-                .client(SHARED)
-                .await
-                .list_and_watch(api::Empty {})
-                .await
-                .unwrap()
-                .into_inner(),
+            plugin.watch(SHARED).await,
         );
     }
     let refused = plugin
