@@ -18,14 +18,28 @@ pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
 /// Runs `bin args…` and returns its standard output, or why it is unreadable:
 /// not started, killed after `timeout`, exited non-zero, or over [`MAX_OUTPUT`].
 pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, String> {
+    // Not installed is one more unreadable answer here, worded as exec says it.
+    output_if_installed(bin, args, timeout)?.ok_or_else(|| {
+        format!("running {} {}: {}", bin.display(), args.join(" "), std::io::Error::from_raw_os_error(libc::ENOENT))
+    })
+}
+
+/// [`output`], with `Ok(None)` when the tool is not installed at all: for
+/// callers that have another way to the answer (rails fall back to the
+/// PCIe walk when there is no `nvidia-smi`).
+pub fn output_if_installed(bin: &Path, args: &[&str], timeout: Duration) -> Result<Option<String>, String> {
     let cmd = format!("{} {}", bin.display(), args.join(" "));
-    let mut child = Command::new(bin)
+    let mut child = match Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("running {cmd}: {e}"))?;
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("running {cmd}: {e}")),
+    };
     // Both pipes are drained on their own threads, so a tool that fills one
     // while we wait on the other cannot deadlock the pass. Each thread hands
     // its bytes over a channel, so the wait for them is bounded too.
@@ -64,7 +78,7 @@ pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, St
     if stdout.len() as u64 > MAX_OUTPUT {
         return Err(format!("{cmd} printed more than {MAX_OUTPUT} bytes, refused"));
     }
-    Ok(String::from_utf8_lossy(&stdout).into_owned())
+    Ok(Some(String::from_utf8_lossy(&stdout).into_owned()))
 }
 
 #[cfg(test)]

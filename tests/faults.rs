@@ -486,3 +486,36 @@ fn unreadable_vf_keeps_its_partitioned_token() {
         row("VF folder", fixtures::vf_only, |n| fs::canonicalize(n.device_of("enp4s0f0np0").join("virtfn0")).unwrap(), form, "interface");
     }
 }
+
+/// A stand-in for a vendor tool that never answers, at `dir/name`.
+fn hung_tool(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn hung_nvidia_smi_and_lldpctl_fail_the_rail_pass_after_the_timeout_instead_of_hanging_it() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let bin = node.out.with_file_name("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let smi = hung_tool(&bin, "nvidia-smi");
+    hung_tool(&bin, "lldpctl");
+    let rails = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+        c.args(["rails", "--sysfs-root", node.sys.to_str().unwrap(), "--interface-regex", "^enp([0-9]+)s0np0$", "--rail-id", "r$1", "--tool-timeout", "1s"])
+            .args(extra)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env_remove("KUBECONFIG");
+        c.output().unwrap()
+    };
+    // lldpctl from PATH hangs.
+    let o = rails(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("lldpctl -f json did not answer within 1s, killed"), "{err}");
+    // nvidia-smi hangs while rail ports come from their names.
+    let o = rails(&["--rail-source", "interface-name", "--nvidia-smi", smi.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("did not answer within 1s, killed"), "{err}");
+}

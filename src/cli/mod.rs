@@ -63,8 +63,9 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub ascend_fabric: Option<PathBuf>,
 
-    /// How long a vendor tool (nvidia-smi) may run before it is killed; its
-    /// answer then counts as unreadable, and the previous one is kept.
+    /// How long a host tool (nvidia-smi, lldpctl) may run before it is killed.
+    /// For the fabric its answer then counts as unreadable and the previous
+    /// one is kept; a rail pass fails, naming the tool.
     #[arg(long, global = true, default_value = "30s", value_name = "DURATION", value_parser = parse_tool_timeout)]
     pub tool_timeout: Duration,
 
@@ -275,7 +276,7 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             emit(format!("{}\n", serde_json::to_string_pretty(&specs)?))?;
         }
         Command::Rails(r) => {
-            let options = r.rails.options(cli.nvidia_smi.as_deref())?;
+            let options = r.rails.options(cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rails::rail_record(cli, &pass, &options)?;
             if let Some(cm) = r.rails.configmap()? {

@@ -71,7 +71,7 @@ pub struct RailArgs {
 
 impl RailArgs {
     /// The rail options, flags over the config file.
-    pub fn options(&self, nvidia_smi: Option<&Path>) -> Result<rails::Options> {
+    pub fn options(&self, nvidia_smi: Option<&Path>, timeout: std::time::Duration) -> Result<rails::Options> {
         let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
         if let Some(c) = &config {
             if !c.enabled {
@@ -105,7 +105,7 @@ impl RailArgs {
             _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
         };
         let node_uid = self.cluster.node_uid()?;
-        Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid })
+        Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid, timeout })
     }
 
     /// The ConfigMap the record is published to, if any: --rails-configmap,
@@ -132,7 +132,7 @@ pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Optio
         (None, None) => String::new(),
     };
     let record = args
-        .options(cli.nvidia_smi.as_deref())
+        .options(cli.nvidia_smi.as_deref(), cli.tool_timeout)
         .and_then(|o| rail_record(cli, pass, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
     // The file does not wait on the cluster: each fails or succeeds on its own.

@@ -12,7 +12,6 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 /// The local interface names that have at least one LLDP neighbour, sorted.
 pub fn interfaces(json: &Value) -> Result<BTreeSet<String>> {
@@ -63,31 +62,22 @@ fn json0_name(map: &serde_json::Map<String, Value>) -> Option<String> {
     }
 }
 
-/// Runs `lldpctl -f json` (against `socket` when given) and parses it.
-pub fn run_lldpctl(socket: Option<&Path>) -> Result<Value> {
-    let mut cmd = Command::new("lldpctl");
-    if let Some(s) = socket {
-        cmd.arg("-u").arg(s);
+/// Runs `lldpctl -f json` (against `socket` when given) and parses it; a
+/// daemon that does not answer within `timeout` fails the pass, never hangs it.
+pub fn run_lldpctl(socket: Option<&Path>, timeout: std::time::Duration) -> Result<Value> {
+    let socket_arg = socket.map(|s| s.to_string_lossy().into_owned());
+    let mut args = Vec::new();
+    if let Some(s) = &socket_arg {
+        args.extend(["-u", s.as_str()]);
     }
-    cmd.args(["-f", "json"]);
-    let out = cmd
-        .output()
-        .context("running lldpctl (is lldpd's client installed and on PATH?)")?;
-    if !out.status.success() {
-        bail!(
-            "lldpctl -f json{} failed ({}): {}",
-            socket
-                .map(|s| format!(" -u {}", s.display()))
-                .unwrap_or_default(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("lldpctl printed something that is not JSON")
+    args.extend(["-f", "json"]);
+    let out = crate::tool::output_if_installed(Path::new("lldpctl"), &args, timeout)
+        .map_err(anyhow::Error::msg)?
+        .context("running lldpctl: not found (is lldpd's client installed and on PATH?)")?;
+    serde_json::from_str(&out).context("lldpctl printed something that is not JSON")
 }
 
-/// Reads saved `lldpctl -f json` output.
-pub fn read_json(path: &Path) -> Result<Value> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", path.display()))
+/// Parses saved `lldpctl -f json` output read from `path`.
+pub fn parse_json(text: &str, path: &Path) -> Result<Value> {
+    serde_json::from_str(text).with_context(|| format!("{} is not JSON", path.display()))
 }

@@ -23,7 +23,6 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Command;
 
 pub use select::{GpuPaths, RailNic, SelectError};
 
@@ -171,6 +170,8 @@ pub struct Options {
     pub nvidia: NvidiaInput,
     /// The Node object's UID, if known.
     pub node_uid: String,
+    /// How long `nvidia-smi` and `lldpctl` may run before they are killed.
+    pub timeout: std::time::Duration,
 }
 
 /// Builds the rail record for a node.
@@ -178,8 +179,8 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
     let nic_rails = match &opts.source {
         RailInput::HostLldp(input) => {
             let lldp_json = match input {
-                LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref())?,
-                LldpInput::File(path) => lldp::read_json(path)?,
+                LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref(), opts.timeout)?,
+                LldpInput::File(path) => lldp::parse_json(&read_text(path)?, path)?,
             };
             let ifaces =
                 lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
@@ -200,7 +201,7 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
     if nic_rails.is_empty() {
         return Ok(out); // an empty rail result is a valid, empty record
     }
-    let gpus = gpu_paths(root, record, &nic_rails, &opts.nvidia)?;
+    let gpus = gpu_paths(root, record, &nic_rails, &opts.nvidia, opts.timeout)?;
     out.gpus = select::select(&nic_rails, &gpus)?;
     Ok(out)
 }
@@ -308,8 +309,9 @@ fn gpu_paths(
     record: &NodeRecord,
     nic_rails: &BTreeMap<String, RailNic>,
     input: &NvidiaInput,
+    timeout: std::time::Duration,
 ) -> Result<Vec<GpuPaths>> {
-    let smi = nvidia_smi_view(root, record, input)?;
+    let smi = nvidia_smi_view(root, record, input, timeout)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
     // Each rail NIC's place on the bus, looked up once.
@@ -352,6 +354,7 @@ fn nvidia_smi_view(
     root: &SysRoot,
     record: &NodeRecord,
     input: &NvidiaInput,
+    timeout: std::time::Duration,
 ) -> Result<Vec<GpuPaths>> {
     let (query, topo, origins) = match input {
         NvidiaInput::Sysfs => return Ok(Vec::new()),
@@ -369,6 +372,7 @@ fn nvidia_smi_view(
             let Some(query) = run_nvidia_smi(
                 &bin,
                 &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"],
+                timeout,
             )?
             else {
                 tracing::info!(
@@ -377,7 +381,7 @@ fn nvidia_smi_view(
                 );
                 return Ok(Vec::new());
             };
-            let topo = run_nvidia_smi(&bin, &["topo", "-m"])?.unwrap_or_default();
+            let topo = run_nvidia_smi(&bin, &["topo", "-m"], timeout)?.unwrap_or_default();
             let name = bin.display();
             (
                 query,
@@ -450,20 +454,10 @@ fn read_text(path: &std::path::Path) -> Result<String> {
     })
 }
 
-/// Runs nvidia-smi; `Ok(None)` when the binary does not exist.
-fn run_nvidia_smi(bin: &std::path::Path, args: &[&str]) -> Result<Option<String>> {
-    match Command::new(bin).args(args).output() {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("running {}", bin.display())),
-        Ok(o) if !o.status.success() => bail!(
-            "{} {} failed ({}): {}",
-            bin.display(),
-            args.join(" "),
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Ok(o) => Ok(Some(String::from_utf8_lossy(&o.stdout).into_owned())),
-    }
+/// Runs nvidia-smi with the pass's tool timeout; `Ok(None)` when the binary
+/// does not exist.
+fn run_nvidia_smi(bin: &std::path::Path, args: &[&str], timeout: std::time::Duration) -> Result<Option<String>> {
+    crate::tool::output_if_installed(bin, args, timeout).map_err(anyhow::Error::msg)
 }
 
 /// The record as published: JSON with every object's keys sorted, and a trailing newline.
