@@ -68,7 +68,7 @@ pub fn upstream_bridges(canonical: &str) -> Option<Vec<String>> {
 
 /// The bus distance vocabulary, smaller is closer. The order of the variants
 /// is the order of closeness, so `min()` picks the closest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Distance {
     /// The same device (never produced from bus coordinates).

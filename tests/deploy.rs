@@ -9,7 +9,9 @@ use apiserver_rbac::{Attributes, Rbac};
 use clap::Parser;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, Namespace, ServiceAccount, Volume};
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use nodefabric::cli::{Cli, Command};
 use nodefabric::plugin::cli::PluginCli;
 use serde_json::Value;
@@ -77,11 +79,40 @@ fn every_manifest_is_a_typed_object_with_only_known_fields() {
 }
 
 #[test]
+fn the_crd_in_deploy_is_the_one_the_rust_type_derives() {
+    let file = fs::read_to_string(deploy().join("crds/noderailrecords.yaml")).unwrap();
+    assert!(
+        file == nodefabric::cluster::record::crd_yaml(),
+        "deploy/crds/noderailrecords.yaml is not current: run `cargo run -- crd > deploy/crds/noderailrecords.yaml`"
+    );
+    let crd: CustomResourceDefinition = typed("crds/noderailrecords.yaml", &yaml("crds/noderailrecords.yaml"));
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(crd.spec.group, "nodefabric.gpustack.ai");
+}
+
+#[test]
+fn the_optional_admission_policy_is_typed_and_holds_the_broker_to_its_node() {
+    let text = fs::read_to_string(deploy().join("optional/noderailrecord-own-node-policy.yaml")).unwrap();
+    let docs: Vec<Value> = text.split("\n---\n").map(|d| serde_saphyr::from_str(d).unwrap()).collect();
+    let policy: ValidatingAdmissionPolicy = typed("optional policy", &docs[0]);
+    let binding: ValidatingAdmissionPolicyBinding = typed("optional binding", &docs[1]);
+    let spec = policy.spec.unwrap();
+    assert_eq!(binding.spec.unwrap().policy_name.as_deref(), policy.metadata.name.as_deref());
+    let sa: ServiceAccount = typed("serviceaccount.yaml", &yaml("serviceaccount.yaml"));
+    let user = format!("system:serviceaccount:{}:{}", sa.metadata.namespace.unwrap(), sa.metadata.name.unwrap());
+    assert!(spec.match_conditions.unwrap()[0].expression.contains(&user), "the policy names the broker's account");
+    let rule = &spec.match_constraints.unwrap().resource_rules.unwrap()[0];
+    assert_eq!(rule.resources.as_deref(), Some(&["noderailrecords".to_string()][..]));
+    assert!(spec.validations.unwrap()[0].expression.contains("authentication.kubernetes.io/node-name"));
+}
+
+#[test]
 fn the_kustomization_lists_every_manifest() {
     let k = yaml("kustomization.yaml");
     assert_eq!(k["kind"], "Kustomization");
     let listed: BTreeSet<String> = k["resources"].as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_string()).collect();
-    let present: BTreeSet<String> = manifests().into_iter().collect();
+    let mut present: BTreeSet<String> = manifests().into_iter().collect();
+    present.insert("crds/noderailrecords.yaml".into());
     assert_eq!(listed, present);
 }
 
@@ -181,6 +212,9 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
     assert!(verbs(&rbac, me, "", "configmaps", Some("nodefabric"), None).is_empty(), "the broker never creates it");
     assert!(verbs(&rbac, me, "", "configmaps", Some("default"), Some(&cm)).is_empty());
     assert!(verbs(&rbac, me, "", "pods", Some("nodefabric"), None).is_empty());
+    // --rails-record custom-resource: its NodeRailRecord, never a list or watch of them all.
+    assert_eq!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, Some("node-a")), ["get", "create", "patch", "delete"]);
+    assert!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, None).iter().all(|v| !["list", "watch", "deletecollection"].contains(v)));
 }
 
 /// The observer's Deployment, parsed.
@@ -196,7 +230,7 @@ fn observer() -> (Deployment, nodefabric::cluster::args::ObserveArgs) {
 
 /// The shared ConfigMap's name, as the observer is told it.
 fn rails_configmap() -> String {
-    observer().1.rails_configmap.name
+    observer().1.rails_configmap.expect("--rails-configmap").name
 }
 
 #[test]
@@ -204,17 +238,19 @@ fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_it
     let (d, o) = observer();
     let spec = d.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(1));
-    assert_eq!(o.owner_deployment, d.metadata.name.clone().unwrap(), "--owner-deployment names this Deployment");
+    assert_eq!(o.owner_deployment, d.metadata.name.clone(), "--owner-deployment names this Deployment");
+    let (o, owner_deployment) = (o.rails_configmap.clone().unwrap(), o.owner_deployment.clone().unwrap());
+    let o_health = observer().1.health_addr;
     let ns = d.metadata.namespace.as_deref().unwrap();
-    assert!(o.rails_configmap.namespace.is_none() || o.rails_configmap.namespace.as_deref() == Some(ns));
+    assert!(o.namespace.is_none() || o.namespace.as_deref() == Some(ns));
     let broker: Role = typed("broker-role.yaml", &yaml("broker-role.yaml"));
-    assert_eq!(broker.rules.unwrap()[0].resource_names.as_deref(), Some(&[o.rails_configmap.name.clone()][..]));
+    assert_eq!(broker.rules.unwrap()[0].resource_names.as_deref(), Some(&[o.name.clone()][..]));
     let pod = spec.template.spec.as_ref().unwrap();
     let c = &pod.containers[0];
     let sc = c.security_context.as_ref().unwrap();
     assert_eq!((sc.read_only_root_filesystem, sc.allow_privilege_escalation, sc.run_as_non_root), (Some(true), Some(false), Some(true)));
     assert!(c.resources.as_ref().unwrap().limits.as_ref().is_some_and(|l| l.contains_key("memory")));
-    let port = o.health_addr.expect("--health-addr").port() as i32;
+    let port = o_health.expect("--health-addr").port() as i32;
     let declared = c.ports.iter().flatten().find(|p| p.container_port == port).expect("the health port is declared");
     for (probe, path) in [(&c.liveness_probe, "/livez"), (&c.readiness_probe, "/readyz")] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
@@ -228,12 +264,14 @@ fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_it
     let me = (ns, pod.service_account_name.as_deref().unwrap());
     assert_eq!(verbs(&rbac, me, "", "nodes", None, None), ["list", "watch"]);
     assert_eq!(verbs(&rbac, me, "", "nodes", None, Some("node-a")), ["list", "watch"], "no get or write of a Node");
-    assert_eq!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some(&o.owner_deployment)), ["get"]);
+    assert_eq!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some(&owner_deployment)), ["get"]);
     assert!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some("other")).is_empty());
     assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), None), ["get", "create", "patch"]);
-    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), Some(&o.rails_configmap.name)), ["get", "create", "patch"]);
+    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), Some(&o.name)), ["get", "create", "patch"]);
     assert!(verbs(&rbac, me, "", "configmaps", Some("kube-system"), None).is_empty());
     assert!(verbs(&rbac, me, "", "secrets", Some(ns), None).is_empty());
+    // --rails-record custom-resource: list records (metadata) and delete stale ones; no writes.
+    assert_eq!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, None), ["list", "delete"]);
 }
 
 #[test]

@@ -124,8 +124,16 @@ pub enum Command {
     Capture(CaptureArgs),
     /// The Node Observer: create and own the shared rail ConfigMap (a
     /// controller ownerReference to --owner-deployment) and remove the
-    /// records of deleted or replaced Nodes. Runs until SIGTERM (exit 0).
+    /// records of deleted or replaced Nodes; with --rails-record
+    /// custom-resource, delete the NodeRailRecords of such Nodes instead.
+    /// Runs until SIGTERM (exit 0).
+    #[command(after_help = "Examples:\n  nodefabric observe --rails-configmap nodefabric/nodefabric-rails --owner-deployment nodefabric-observer\n  nodefabric observe --rails-record custom-resource")]
     Observe(cluster::args::ObserveArgs),
+    /// Print the NodeRailRecord CustomResourceDefinition (YAML), derived
+    /// from the rail record's Rust types: what `--rails-record
+    /// custom-resource` writes. deploy/crds/ holds the same text.
+    #[command(after_help = "Example:\n  nodefabric crd | kubectl apply -f -")]
+    Crd,
 }
 
 /// Where the previous record lives (for stable `firstSeen` times).
@@ -276,17 +284,21 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             emit(format!("{}\n", serde_json::to_string_pretty(&specs)?))?;
         }
         Command::Rails(r) => {
+            // Where the record goes is checked first: a misuse of the flags
+            // is reported before anything asks the cluster.
+            let target = r.rails.target()?;
             let options = r.rails.options(cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rails::rail_record(cli, &pass, &options)?;
-            if let Some(cm) = r.rails.configmap()? {
-                r.rails.cluster.publish(&cm, &record)?;
+            if let Some(target) = target {
+                r.rails.cluster.publish(&target, &record)?;
             }
             emit(crate::rails::to_bytes(&record))?;
         }
         Command::Publish(p) => return publish::publish_loop(cli, p),
         Command::Capture(c) => capture::capture(cli, c)?,
         Command::Observe(o) => o.run()?,
+        Command::Crd => emit(cluster::record::crd_yaml())?,
     }
     Ok(ExitCode::SUCCESS)
 }

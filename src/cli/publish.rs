@@ -127,9 +127,9 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    let rails = args.rails.configmap().and_then(|cm| match (&args.rails_file, cm) {
+    let rails = args.rails.target().and_then(|target| match (&args.rails_file, target) {
         (None, None) => Ok(()),
-        (file, cm) => publish_rails(cli, &pass, &args.rails, file.as_deref(), cm.as_ref()),
+        (file, target) => publish_rails(cli, &pass, &args.rails, file.as_deref(), target.as_ref()),
     });
     cdi.and(rails)
 }

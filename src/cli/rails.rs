@@ -108,9 +108,11 @@ impl RailArgs {
         Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid, timeout })
     }
 
-    /// The ConfigMap the record is published to, if any: --rails-configmap,
-    /// else configMapName from --rails-config where a cluster is configured.
-    pub fn configmap(&self) -> Result<Option<cluster::ConfigMapRef>> {
+    /// Where the record is published in the cluster, if anywhere: this
+    /// node's NodeRailRecord (--rails-record custom-resource), or its key of
+    /// --rails-configmap, else of configMapName from --rails-config where a
+    /// cluster is configured.
+    pub fn target(&self) -> Result<Option<cluster::args::Target>> {
         let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
         self.cluster.target(config.as_ref().and_then(|c| c.config_map_name.as_deref()))
     }
@@ -122,13 +124,13 @@ pub(super) fn rail_record(cli: &Cli, pass: &Pass, options: &rails::Options) -> R
     rails::build(&root, &pass.record, options)
 }
 
-/// Writes the rail record to `file` if it changed, and to this node's key
-/// of the ConfigMap `cm`; on failure the previous file and key stay.
-pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Option<&Path>, cm: Option<&cluster::ConfigMapRef>) -> Result<()> {
-    let kept = match (file, cm) {
-        (Some(f), Some(cm)) => format!("previous {} and key of ConfigMap {cm} kept", f.display()),
+/// Writes the rail record to `file` if it changed, and to this node's
+/// cluster record (`target`); on failure the previous file and record stay.
+pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Option<&Path>, target: Option<&cluster::args::Target>) -> Result<()> {
+    let kept = match (file, target) {
+        (Some(f), Some(t)) => format!("previous {} and {t} kept", f.display()),
         (Some(f), None) => format!("previous {} kept", f.display()),
-        (None, Some(cm)) => format!("previous key of ConfigMap {cm} kept"),
+        (None, Some(t)) => format!("previous {t} kept"),
         (None, None) => String::new(),
     };
     let record = args
@@ -141,6 +143,6 @@ pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Optio
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         publish::write_if_changed(dir, name, &rails::to_bytes(&record)).map(drop)
     });
-    let patched = cm.map_or(Ok(()), |cm| args.cluster.publish(cm, &record));
+    let patched = target.map_or(Ok(()), |t| args.cluster.publish(t, &record));
     written.and(patched)
 }

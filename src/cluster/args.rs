@@ -3,6 +3,7 @@
 //! synchronous command line into the async client.
 
 use super::broker::{self, Publication};
+use super::record::GROUP;
 use super::health::Health;
 use super::{block_on, node, observer, ClusterError, ConfigMapRef, SERVICE_ACCOUNT_DIR};
 use crate::rails::RailRecord;
@@ -47,6 +48,42 @@ pub struct BrokerArgs {
     /// fails (nothing is changed then).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub api_timeout: Duration,
+
+    /// The form of the cluster-wide record: `configmap`, this node's key of
+    /// the shared ConfigMap (the default; about 250 eight-GPU nodes fit its
+    /// 1 MiB), or `custom-resource`, a cluster-scoped NodeRailRecord named
+    /// after --node-name and owned by its Node (any number of nodes; install
+    /// the CRD first: `nodefabric crd | kubectl apply -f -`).
+    #[arg(long, value_name = "FORM", value_enum, env = "NODEFABRIC_RAILS_RECORD")]
+    pub rails_record: Option<RecordForm>,
+}
+
+/// The two forms of the cluster-wide rail record (`--rails-record`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RecordForm {
+    /// One key per node in the shared ConfigMap (seed 001's form).
+    #[default]
+    Configmap,
+    /// One NodeRailRecord object per node.
+    CustomResource,
+}
+
+/// Where a broker publishes its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Its key of this ConfigMap.
+    ConfigMap(ConfigMapRef),
+    /// Its own NodeRailRecord, named after the node.
+    CustomResource,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::ConfigMap(cm) => write!(f, "key of ConfigMap {cm}"),
+            Target::CustomResource => write!(f, "NodeRailRecord"),
+        }
+    }
 }
 
 impl Default for BrokerArgs {
@@ -58,6 +95,7 @@ impl Default for BrokerArgs {
             rails_configmap: None,
             service_account_dir: PathBuf::from(SERVICE_ACCOUNT_DIR),
             api_timeout: Duration::from_secs(30),
+            rails_record: None,
         }
     }
 }
@@ -85,31 +123,72 @@ impl BrokerArgs {
         }
     }
 
-    /// The ConfigMap to publish to: --rails-configmap, else `config_name`
-    /// (the config file's configMapName) in the client's namespace when a
-    /// cluster is configured, so the same values file still serves a
-    /// node-local `rails` run on a machine with no cluster.
-    pub fn target(&self, config_name: Option<&str>) -> anyhow::Result<Option<ConfigMapRef>> {
-        let target = match (&self.rails_configmap, config_name) {
-            (Some(cm), _) => Some(cm.clone()),
-            (None, Some(name)) if super::configured() => {
-                Some(ConfigMapRef::parse(name).map_err(|e| anyhow::anyhow!("configMapName: {e}"))?)
+    /// Where to publish: with `--rails-record custom-resource`, this node's
+    /// NodeRailRecord (a cluster must be configured); else --rails-configmap,
+    /// or `config_name` (the config file's configMapName) in the client's
+    /// namespace when a cluster is configured, so the same values file still
+    /// serves a node-local `rails` run on a machine with no cluster.
+    pub fn target(&self, config_name: Option<&str>) -> anyhow::Result<Option<Target>> {
+        let target = match self.rails_record.unwrap_or_default() {
+            RecordForm::CustomResource => {
+                if let Some(cm) = &self.rails_configmap {
+                    anyhow::bail!("--rails-configmap {cm} is for --rails-record configmap; with custom-resource each node writes its own NodeRailRecord");
+                }
+                if !super::configured() {
+                    anyhow::bail!("--rails-record custom-resource needs a cluster to write to: set KUBECONFIG, or run in a pod");
+                }
+                Some(Target::CustomResource)
             }
-            (None, _) => None,
+            RecordForm::Configmap => match (&self.rails_configmap, config_name) {
+                (Some(cm), _) => Some(Target::ConfigMap(cm.clone())),
+                (None, Some(name)) if super::configured() => Some(Target::ConfigMap(
+                    ConfigMapRef::parse(name).map_err(|e| anyhow::anyhow!("configMapName: {e}"))?,
+                )),
+                (None, _) => None,
+            },
         };
-        if target.is_some() && self.node_name.is_none() {
-            anyhow::bail!("publishing to a ConfigMap needs --node-name (or NODE_NAME): it is the record's key");
+        if let (Some(t), None) = (&target, &self.node_name) {
+            anyhow::bail!("publishing to a {t} needs --node-name (or NODE_NAME): it names the node's record");
         }
         Ok(target)
     }
 
-    /// Patches this node's key of `cm` with `record` (removes it when the
-    /// record has no rail). Any error leaves the ConfigMap as it was.
-    pub fn publish(&self, cm: &ConfigMapRef, record: &RailRecord) -> anyhow::Result<()> {
+    /// Publishes `record` to `target`: patches this node's ConfigMap key, or
+    /// applies this node's NodeRailRecord; an empty record (no rail) removes
+    /// the key or deletes the object. Any error leaves the previous record.
+    pub fn publish(&self, target: &Target, record: &RailRecord) -> anyhow::Result<()> {
         let node = self
             .node_name
             .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("publishing to ConfigMap {cm} needs --node-name"))?;
+            .ok_or_else(|| anyhow::anyhow!("publishing to a {target} needs --node-name"))?;
+        let empty = record.nics.is_empty();
+        match target {
+            Target::ConfigMap(cm) => self.publish_configmap(cm, node, record)?,
+            Target::CustomResource => {
+                if record.node_uid.is_empty() {
+                    anyhow::bail!("NodeRailRecord {node} needs its Node's UID for the ownerReference (--node-uid, or a readable Node {node})");
+                }
+                block_on(async {
+                    let client = super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
+                    if empty {
+                        broker::delete_record(&client, node).await
+                    } else {
+                        broker::apply_record(&client, node, record).await
+                    }
+                })?;
+                if empty {
+                    tracing::info!("no rail on this node: NodeRailRecord {node} deleted ({GROUP})");
+                } else {
+                    tracing::info!("applied NodeRailRecord {node} ({GROUP})");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Patches this node's key of `cm` with `record` (removes it when the
+    /// record has no rail). Any error leaves the ConfigMap as it was.
+    fn publish_configmap(&self, cm: &ConfigMapRef, node: &str, record: &RailRecord) -> anyhow::Result<()> {
         // Compact JSON, every object's keys sorted (serde_json's Value map is
         // ordered): the same record as `rails` prints, in about half the
         // bytes of its pretty form, so twice the nodes fit the 1 MiB ConfigMap.
@@ -139,14 +218,24 @@ impl BrokerArgs {
 /// Options of `observe`.
 #[derive(Debug, Clone, Args)]
 pub struct ObserveArgs {
-    /// The shared ConfigMap (NAME in the pod's namespace, or NAMESPACE/NAME).
+    /// The shared ConfigMap (NAME in the pod's namespace, or
+    /// NAMESPACE/NAME); required with --rails-record configmap.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_configmap)]
-    pub rails_configmap: ConfigMapRef,
+    pub rails_configmap: Option<ConfigMapRef>,
 
     /// The observer's own Deployment (in the ConfigMap's namespace): the
-    /// ConfigMap's controller ownerReference.
+    /// ConfigMap's controller ownerReference; required with --rails-record
+    /// configmap.
     #[arg(long, value_name = "NAME")]
-    pub owner_deployment: String,
+    pub owner_deployment: Option<String>,
+
+    /// Which records to keep clean: `configmap` (the default: keys of
+    /// --rails-configmap, which the observer creates and owns) or
+    /// `custom-resource` (NodeRailRecords, deleted when their owner Node is
+    /// gone or replaced, without waiting for the garbage collector; no
+    /// ConfigMap or Deployment is needed).
+    #[arg(long, value_name = "FORM", value_enum, env = "NODEFABRIC_RAILS_RECORD")]
+    pub rails_record: Option<RecordForm>,
 
     /// Reconcile every key this often, besides after each list and on each
     /// Node deletion or replacement seen.
@@ -169,6 +258,19 @@ impl ObserveArgs {
         if self.resync.is_zero() {
             anyhow::bail!("--resync must be longer than 0s");
         }
+        let records = match (self.rails_record.unwrap_or_default(), &self.rails_configmap, &self.owner_deployment) {
+            (RecordForm::Configmap, Some(cm), Some(owner)) => observer::Records::ConfigMap {
+                configmap: cm.clone(),
+                owner_deployment: owner.clone(),
+            },
+            (RecordForm::Configmap, _, _) => anyhow::bail!(
+                "observing the shared ConfigMap needs --rails-configmap and --owner-deployment (or --rails-record custom-resource)"
+            ),
+            (RecordForm::CustomResource, None, None) => observer::Records::CustomResource,
+            (RecordForm::CustomResource, _, _) => anyhow::bail!(
+                "--rails-configmap and --owner-deployment are for --rails-record configmap; custom-resource needs neither"
+            ),
+        };
         let health = Health::new();
         if let Some(addr) = self.health_addr {
             let bound = health
@@ -177,8 +279,7 @@ impl ObserveArgs {
             tracing::info!("health endpoints on http://{bound}/livez and /readyz");
         }
         let settings = observer::Settings {
-            configmap: self.rails_configmap.clone(),
-            owner_deployment: self.owner_deployment.clone(),
+            records,
             resync: self.resync,
             service_account_dir: self.service_account_dir.clone(),
             health,

@@ -1,4 +1,5 @@
-//! The broker's one write: this node's key of the shared ConfigMap.
+//! The broker's one write: this node's key of the shared ConfigMap, or (with
+//! `--rails-record custom-resource`) this node's own NodeRailRecord.
 //!
 //! A JSON merge patch `{"data": {"NODE": record}}` (`null` to remove) touches
 //! only that key, so brokers of many nodes patch at once without reading and
@@ -6,9 +7,10 @@
 //! refused (422) while the ConfigMap has no `data` yet, and `remove` of an
 //! absent key is refused too; a merge patch has neither problem.
 
+use super::record::NodeRailRecord;
 use super::{code, ClusterError, ConfigMapRef, CONFIGMAP_LIMIT, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -78,4 +80,57 @@ fn status_message(e: &kube::Error) -> String {
         kube::Error::Api(s) => s.message.clone(),
         other => other.to_string(),
     }
+}
+
+/// Server-side-applies this node's NodeRailRecord (created when absent):
+/// the record as spec, its Node (by the record's nodeUID) as owner. Forced:
+/// the broker is the record's only writer, and a hand edit must not pin a
+/// stale rail. On any error the previous object stays as it was.
+pub async fn apply_record(
+    client: &Client,
+    node: &str,
+    record: &crate::rails::RailRecord,
+) -> Result<(), ClusterError> {
+    let api: Api<NodeRailRecord> = Api::all(client.clone());
+    let object = super::record::object(node, &record.node_uid, record);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let request = format!("APPLY NodeRailRecord {node}");
+    match api.patch(node, &params, &Patch::Apply(&object)).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(record_error(request, "`patch` (and `create`) on noderailrecords", e)),
+    }
+}
+
+/// Deletes this node's NodeRailRecord (an empty rail result); absent is fine.
+pub async fn delete_record(client: &Client, node: &str) -> Result<(), ClusterError> {
+    let api: Api<NodeRailRecord> = Api::all(client.clone());
+    match api.delete(node, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if code(&e) == Some(404) && !no_resource(&e) => Ok(()),
+        Err(e) => Err(record_error(format!("DELETE NodeRailRecord {node}"), "`delete` on noderailrecords", e)),
+    }
+}
+
+/// Names what a refused NodeRailRecord request needs.
+fn record_error(request: String, needs: &str, e: kube::Error) -> ClusterError {
+    match code(&e) {
+        Some(404) if no_resource(&e) => ClusterError::NoCrd {
+            what: request,
+            message: status_message(&e),
+        },
+        Some(403) => ClusterError::Forbidden {
+            what: request,
+            needs: needs.to_string(),
+            message: e.to_string(),
+        },
+        _ => ClusterError::api(request, e),
+    }
+}
+
+/// Whether a 404 says the resource type is unknown (no CRD installed)
+/// rather than that one object is absent: the API server's answer for an
+/// unknown path has no `details.name`.
+pub(crate) fn no_resource(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else { return false };
+    s.details.as_ref().is_none_or(|d| d.name.is_empty())
 }

@@ -16,8 +16,10 @@ pub mod broker;
 pub mod health;
 pub mod node;
 pub mod observer;
+pub mod orphans;
 pub mod owner;
 pub mod reconcile;
+pub mod record;
 
 use kube::config::{
     AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
@@ -59,6 +61,14 @@ pub enum ClusterError {
     /// The Node named on the command line does not exist.
     #[error("no Node named {0:?} (is NODE_NAME set from spec.nodeName?)")]
     NoSuchNode(String),
+    /// The API server does not serve NodeRailRecords: the CRD is not installed.
+    #[error("{what}: the API server does not know NodeRailRecords (the CRD noderailrecords.nodefabric.gpustack.ai is not installed): install it with `nodefabric crd | kubectl apply -f -` or `kubectl apply -f deploy/crds/` ({message})")]
+    NoCrd {
+        /// The request.
+        what: String,
+        /// The server's message.
+        message: String,
+    },
     /// The shared ConfigMap does not exist (yet).
     #[error("ConfigMap {0} does not exist: the Node Observer (`nodefabric observe`) creates it; is it running?")]
     NoConfigMap(ConfigMapRef),

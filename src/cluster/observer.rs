@@ -1,5 +1,6 @@
 //! The Node Observer: owns the shared ConfigMap and removes records of
-//! deleted or replaced Nodes.
+//! deleted or replaced Nodes (or, with `--rails-record custom-resource`,
+//! deletes the NodeRailRecords of such Nodes: [`super::orphans`]).
 //!
 //! It watches Node metadata (kube-runtime's watcher: a list, then a watch
 //! from its resourceVersion, re-listing when the watch falls too far
@@ -9,7 +10,7 @@
 //! records a broker wrote for a Node already gone.
 
 use super::reconcile::{self, Nodes};
-use super::{owner, ClusterError, ConfigMapRef};
+use super::{orphans, owner, ClusterError, ConfigMapRef};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
@@ -20,13 +21,32 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// Which form of the record the observer keeps clean.
+#[derive(Debug, Clone)]
+pub enum Records {
+    /// Keys of the shared ConfigMap, which the observer creates and owns.
+    ConfigMap {
+        /// The shared ConfigMap.
+        configmap: ConfigMapRef,
+        /// The observer's own Deployment, in the ConfigMap's namespace.
+        owner_deployment: String,
+    },
+    /// NodeRailRecord objects, one per node.
+    CustomResource,
+}
+
+/// The ConfigMap form, resolved: the ConfigMap with its namespace, and the
+/// Deployment that controls it.
+struct Claimed {
+    cm: ConfigMapRef,
+    owner: owner::Owner,
+}
+
 /// What `nodefabric observe` was asked to do.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The shared ConfigMap.
-    pub configmap: ConfigMapRef,
-    /// The observer's own Deployment, in the ConfigMap's namespace.
-    pub owner_deployment: String,
+    /// The records to keep clean.
+    pub records: Records,
     /// How often to reconcile every key besides the watch-driven passes.
     pub resync: Duration,
     /// The service-account folder for the in-cluster client.
@@ -49,10 +69,20 @@ pub async fn run(settings: Settings) -> Result<(), ClusterError> {
 
 async fn observe(settings: &Settings) -> Result<(), ClusterError> {
     let client = super::connect(&settings.service_account_dir, None).await?;
-    let cm = settings.configmap.resolved(&client);
-    let ns = cm.namespace.clone().unwrap_or_default();
-    let owner = owner::deployment(&client, &ns, &settings.owner_deployment).await?;
-    owner::ensure(&client, &cm, &owner).await?;
+    let claimed = match &settings.records {
+        Records::ConfigMap {
+            configmap,
+            owner_deployment,
+        } => {
+            let cm = configmap.resolved(&client);
+            let ns = cm.namespace.clone().unwrap_or_default();
+            let owner = owner::deployment(&client, &ns, owner_deployment).await?;
+            owner::ensure(&client, &cm, &owner).await?;
+            Some(Claimed { cm, owner })
+        }
+        Records::CustomResource => None,
+    };
+    let claimed = claimed.as_ref();
     settings.health.set_live(true);
 
     let mut events = watch(
@@ -63,6 +93,9 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
     .boxed();
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
+    // The newest resourceVersion the cache has taken in: it reflects the
+    // cluster at least as of then (watch events arrive in order).
+    let (mut revision, mut listing_revision) = (None, None);
     let mut synced = false;
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,7 +105,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
         let event = tokio::select! {
             e = events.next() => e,
             _ = resync.tick(), if synced => {
-                pass(&client, &cm, &owner, &nodes, None, settings).await;
+                pass(&client, claimed, &nodes, revision, None, settings).await;
                 continue;
             }
         };
@@ -91,62 +124,88 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
             }
         };
         match event {
-            Event::Init => listing.clear(),
+            Event::Init => {
+                listing.clear();
+                listing_revision = None;
+            }
             Event::InitApply(n) => {
+                listing_revision = newest(listing_revision, &n.metadata);
                 if let Some((name, uid)) = name_uid(&n.metadata) {
                     listing.insert(name, uid);
                 }
             }
             Event::InitDone => {
                 nodes = std::mem::take(&mut listing);
+                revision = revision.max(listing_revision);
                 synced = true;
                 tracing::info!(
                     "Node cache synced ({} Nodes); reconciling every record",
                     nodes.len()
                 );
-                pass(&client, &cm, &owner, &nodes, None, settings).await;
+                pass(&client, claimed, &nodes, revision, None, settings).await;
             }
             Event::Apply(n) => {
+                revision = newest(revision, &n.metadata);
                 let Some((name, uid)) = name_uid(&n.metadata) else {
                     continue;
                 };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
-                    pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
+                    pass(&client, claimed, &nodes, revision, Some(&name), settings).await;
                 }
             }
             Event::Delete(n) => {
+                revision = newest(revision, &n.metadata);
                 let Some((name, _)) = name_uid(&n.metadata) else {
                     continue;
                 };
                 nodes.remove(&name);
                 if synced {
-                    pass(&client, &cm, &owner, &nodes, Some(&name), settings).await;
+                    pass(&client, claimed, &nodes, revision, Some(&name), settings).await;
                 }
             }
         }
     }
 }
 
-/// One reconciliation; failures are logged and mark the observer unready
-/// until a later pass succeeds. A ConfigMap deleted under the observer is
-/// created again.
+/// The later of `revision` and the object's resourceVersion (when numeric).
+fn newest(
+    revision: Option<u64>,
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<u64> {
+    let this = m.resource_version.as_deref().and_then(|v| v.parse().ok());
+    revision.max(this)
+}
+
+/// One reconciliation of every record, or of the one for Node `key`;
+/// failures are logged and mark the observer unready until a later pass
+/// succeeds. A ConfigMap deleted under the observer is created again.
 async fn pass(
     client: &Client,
-    cm: &ConfigMapRef,
-    owner: &owner::Owner,
+    claimed: Option<&Claimed>,
     nodes: &Nodes,
+    revision: Option<u64>,
     key: Option<&str>,
     settings: &Settings,
 ) {
-    let mut result = reconcile::clean(client, cm, nodes, key).await;
-    if let Err(ClusterError::NoConfigMap(_)) = result {
-        tracing::warn!("ConfigMap {cm} is gone; creating it again");
-        result = match owner::ensure(client, cm, owner).await {
-            Ok(()) => Ok(Default::default()),
-            Err(e) => Err(e),
-        };
-    }
+    let result = match claimed {
+        Some(Claimed { cm, owner }) => {
+            let mut result = reconcile::clean(client, cm, nodes, key).await;
+            if let Err(ClusterError::NoConfigMap(_)) = result {
+                tracing::warn!("ConfigMap {cm} is gone; creating it again");
+                result = match owner::ensure(client, cm, owner).await {
+                    Ok(()) => Ok(Default::default()),
+                    Err(e) => Err(e),
+                };
+            }
+            result
+        }
+        None => orphans::clean(client, nodes, revision, key).await,
+    };
+    let what = match claimed {
+        Some(c) => format!("ConfigMap {}", c.cm),
+        None => "NodeRailRecords".to_string(),
+    };
     match result {
         Ok(out) => {
             if key.is_none() {
@@ -161,7 +220,7 @@ async fn pass(
         }
         Err(e) => {
             settings.health.set_ready(false);
-            tracing::error!("reconciling ConfigMap {cm}: {:#}", anyhow::Error::new(e));
+            tracing::error!("reconciling {what}: {:#}", anyhow::Error::new(e));
         }
     }
 }

@@ -154,7 +154,7 @@ pub async fn clean(
 }
 
 /// The Node named `name` as the API server has it now (RBAC: `list`, by field selector).
-async fn node_now(client: &Client, name: &str) -> Result<Nodes, ClusterError> {
+pub(crate) async fn node_now(client: &Client, name: &str) -> Result<Nodes, ClusterError> {
     let params = ListParams::default().fields(&format!("metadata.name={name}"));
     let list = Api::<Node>::all(client.clone())
         .list_metadata(&params)

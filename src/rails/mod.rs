@@ -40,16 +40,16 @@ pub const INTERFACE_NAME: &str = "interface-name";
 pub const RAIL_SOURCES: [&str; 2] = [HOST_LLDP, INTERFACE_NAME];
 
 /// The rail record `nodefabric rails` prints and `publish --rails-file` writes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailRecord {
-    /// [`RECORD_VERSION`].
+    /// The record format version (`rails.nodefabric.gpustack.ai/v1`, [`RECORD_VERSION`]).
     pub version: String,
     /// The Node object's UID, so a cluster publisher can tell a replaced node
     /// with a reused name; empty when not given.
     #[serde(rename = "nodeUID")]
     pub node_uid: String,
-    /// The rail source's name ([`HOST_LLDP`] or [`INTERFACE_NAME`]).
+    /// The rail source's name: `host-lldp` or `interface-name`.
     pub rail_source: String,
     /// NIC PCI address → the rails it is on.
     pub nics: BTreeMap<String, Vec<String>>,
@@ -59,7 +59,7 @@ pub struct RailRecord {
 }
 
 /// One GPU's preferred NICs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuRails {
     /// The GPU's PCI address, normalised.
@@ -74,7 +74,7 @@ pub struct GpuRails {
 }
 
 /// The NICs chosen for one GPU on one rail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailChoice {
     /// The closest class found.
@@ -93,7 +93,7 @@ pub struct RailChoice {
 }
 
 /// Where a GPU's path classes came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum GpuSource {
     /// `nvidia-smi topo -m`.

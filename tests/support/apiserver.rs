@@ -87,8 +87,8 @@ pub struct State {
     rv: u64,
     /// (resource, namespace, name) → object.
     objects: BTreeMap<(String, String, String), Value>,
-    /// Node events: (resourceVersion, type, object).
-    node_events: Vec<(u64, &'static str, Value)>,
+    /// Watch history: (resourceVersion, resource, namespace, type, object).
+    events: Vec<(u64, String, String, &'static str, Value)>,
     /// Events at or below this resourceVersion are gone (a compaction).
     compacted: u64,
     /// While set, watches deliver nothing after this resourceVersion.
@@ -100,12 +100,37 @@ pub struct State {
     next_uid: u64,
     /// token → ServiceAccount (namespace, name).
     accounts: BTreeMap<String, (String, String)>,
+    /// The NodeRailRecord CRD's schema, once installed: until then the
+    /// resource is unknown (404 for every request), as on a real server.
+    crd: Option<Arc<Crd>>,
+    /// NodeRailRecord name → the field manager that last wrote its spec and
+    /// the label keys each manager's apply set (server-side apply's field
+    /// ownership, at the granularity nodefabric's objects need).
+    owners: BTreeMap<String, Ownership>,
+}
+
+/// Who owns which fields of one custom object.
+#[derive(Default, Clone)]
+struct Ownership {
+    spec: String,
+    labels: BTreeMap<String, Vec<String>>,
+}
+
+/// An installed CRD: the validator of its schema and the schema (for pruning).
+pub struct Crd {
+    validator: jsonschema::Validator,
+    schema: Value,
 }
 
 impl State {
     fn bump(&mut self) -> u64 {
         self.rv += 1;
         self.rv
+    }
+
+    /// Records a watch event for an object of `resource` in `ns`.
+    fn event(&mut self, rv: u64, resource: &str, ns: &str, kind: &'static str, obj: Value) {
+        self.events.push((rv, resource.to_string(), ns.to_string(), kind, obj));
     }
 
     fn uid(&mut self) -> String {
@@ -131,8 +156,71 @@ impl State {
         }
         cm["data"][k] = json!(v);
         cm["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let cm = cm.clone();
+        self.event(rv, "configmaps", ns, "MODIFIED", cm);
+    }
+
+    /// A stored NodeRailRecord, whole.
+    pub fn record(&self, name: &str) -> Option<&Value> {
+        self.objects.get(&key(RECORDS, "", name))
+    }
+
+    /// Stores a NodeRailRecord as a broker's apply would (a test's setup or
+    /// a benchmark's thousands), validated like one; returns its uid.
+    pub fn put_record(&mut self, name: &str, node_uid: &str, spec: Value) -> String {
+        let obj = json!({"apiVersion": RECORDS_API, "kind": "NodeRailRecord",
+            "metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]},
+            "spec": spec});
+        let (code, out) = apply_record(self, name, "nodefabric", true, &serde_json::to_vec(&obj).unwrap());
+        assert!(code < 300, "the test's NodeRailRecord is invalid ({code}): {out}");
+        out["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    /// Changes a NodeRailRecord's spec with a merge patch, as `kubectl edit` would.
+    pub fn edit_record(&mut self, name: &str, manager: &str, patch: Value) -> u16 {
+        let patch = serde_json::to_vec(&patch).unwrap();
+        patch_record(self, name, manager, "application/merge-patch+json", &patch).0
+    }
+
+    /// What Kubernetes' garbage collector does for NodeRailRecords: deletes
+    /// those whose Node owner no longer exists under that UID. Tests call it
+    /// when they want a collector; by default there is none (it may be
+    /// disabled or slow on a real cluster).
+    pub fn collect_garbage(&mut self) -> Vec<String> {
+        let node_uids: BTreeMap<String, String> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == "nodes")
+            .map(|((_, _, n), o)| (n.clone(), o["metadata"]["uid"].as_str().unwrap_or("").to_string()))
+            .collect();
+        let doomed: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| r == RECORDS)
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"].as_array().into_iter().flatten().any(|r| {
+                    r["kind"] == "Node" && node_uids.get(r["name"].as_str().unwrap_or("")).map(String::as_str) != r["uid"].as_str()
+                })
+            })
+            .map(|((_, _, n), _)| n.clone())
+            .collect();
+        for name in &doomed {
+            let mut old = self.objects.remove(&key(RECORDS, "", name)).unwrap();
+            self.owners.remove(name);
+            let rv = self.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            self.event(rv, RECORDS, "", "DELETED", old);
+        }
+        doomed
     }
 }
+
+/// NodeRailRecords' plural, API version and collection path.
+pub const RECORDS: &str = "noderailrecords";
+/// NodeRailRecords' apiVersion.
+pub const RECORDS_API: &str = "nodefabric.gpustack.ai/v1alpha1";
+/// The collection's path.
+pub const RECORDS_PATH: &str = "/apis/nodefabric.gpustack.ai/v1alpha1/noderailrecords";
 
 fn key(resource: &str, ns: &str, name: &str) -> (String, String, String) {
     (resource.to_string(), ns.to_string(), name.to_string())
@@ -249,7 +337,7 @@ impl ApiServer {
         self.with(|s| {
             if let Some(old) = s.objects.remove(&key("nodes", "", name)) {
                 let rv = s.bump();
-                s.node_events.push((rv, "DELETED", old));
+                s.event(rv, "nodes", "", "DELETED", old);
             }
             let uid = s.uid();
             let rv = s.bump();
@@ -260,7 +348,7 @@ impl ApiServer {
                 "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": "v1.33.0"}},
             });
             s.objects.insert(key("nodes", "", name), node.clone());
-            s.node_events.push((rv, "ADDED", node));
+            s.event(rv, "nodes", "", "ADDED", node);
             uid
         })
     }
@@ -276,7 +364,7 @@ impl ApiServer {
             node["metadata"]["resourceVersion"] = json!(rv.to_string());
             node["metadata"]["labels"]["touched"] = json!(rv.to_string());
             let node = node.clone();
-            s.node_events.push((rv, "MODIFIED", node));
+            s.event(rv, "nodes", "", "MODIFIED", node);
         })
     }
 
@@ -289,8 +377,18 @@ impl ApiServer {
                 .expect("Node exists");
             let rv = s.bump();
             old["metadata"]["resourceVersion"] = json!(rv.to_string());
-            s.node_events.push((rv, "DELETED", old));
+            s.event(rv, "nodes", "", "DELETED", old);
         })
+    }
+
+    /// Installs the NodeRailRecord CRD from deploy/crds/: from now on the
+    /// server serves the resource and validates objects against its schema.
+    pub fn install_crd(&self) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/noderailrecords.yaml");
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+        let validator = jsonschema::validator_for(&schema).expect("the CRD's schema compiles");
+        self.with(|s| s.crd = Some(Arc::new(Crd { validator, schema })));
     }
 
     /// Adds a Deployment; returns its UID.
@@ -361,11 +459,11 @@ impl ApiServer {
         self.with(|s| s.paused_at = None);
     }
 
-    /// Forgets the Node history so far: a watch from an older resourceVersion gets 410 Gone.
+    /// Forgets the watch history so far: a watch from an older resourceVersion gets 410 Gone.
     pub fn compact(&self) {
         self.with(|s| {
             s.compacted = s.rv;
-            s.node_events.clear();
+            s.events.clear();
         });
     }
 
@@ -464,6 +562,10 @@ fn attributes(
         ["api", "v1", "namespaces", ns, resource, name] => {
             Attributes::new(verb(true), "", resource, Some(ns), Some(name))
         }
+        ["apis", group, _, resource] => Attributes::new(verb(false), group, resource, None, None),
+        ["apis", group, _, resource, name] if *resource != "namespaces" => {
+            Attributes::new(verb(true), group, resource, None, Some(name))
+        }
         ["apis", group, _, "namespaces", ns, resource] => {
             Attributes::new(verb(false), group, resource, Some(ns), None)
         }
@@ -553,8 +655,18 @@ async fn serve(
             return reply(code, &b);
         }
     }
-    if method == Method::GET && segments == ["api", "v1", "nodes"] && is_watch {
-        return watch(&state, wake, &query, partial, |s, code| log(s, code));
+    if method == Method::GET && is_watch {
+        let served = match segments.as_slice() {
+            ["api", "v1", r] => Some((r.to_string(), String::new())),
+            ["api", "v1", "namespaces", ns, r] => Some((r.to_string(), ns.to_string())),
+            ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS] if state.lock().unwrap().crd.is_some() => {
+                Some((RECORDS.to_string(), String::new()))
+            }
+            _ => None,
+        };
+        if let Some((resource, ns)) = served {
+            return watch(&state, wake, &query, partial, (&resource, &ns), |s, code| log(s, code));
+        }
     }
 
     let (code, answer) = {
@@ -674,6 +786,16 @@ fn route(
         ("PATCH", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
             patch_configmap(s, ns, name, content_type, body)
         }
+        (_, ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS, ..]) if s.crd.is_some() => {
+            records(s, method.as_str(), &seg[4..], query, content_type, body, partial)
+        }
+        // A resource the server does not serve (the CRD not installed): 404 whatever the method.
+        (_, ["apis", "nodefabric.gpustack.ai", ..]) => status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+            Value::Null,
+        ),
         (m, _) if !["GET", "POST", "PATCH"].contains(&m) => status(
             405,
             "MethodNotAllowed",
@@ -721,6 +843,7 @@ fn create_configmap(s: &mut State, ns: &str, body: &[u8]) -> (u16, Value) {
     cm["metadata"]["resourceVersion"] = json!(rv.to_string());
     cm["metadata"]["creationTimestamp"] = json!("2026-03-01T12:00:00Z");
     s.objects.insert(key("configmaps", ns, &name), cm.clone());
+    s.event(rv, "configmaps", ns, "ADDED", cm.clone());
     (201, cm)
 }
 
@@ -781,6 +904,7 @@ fn patch_configmap(
         let rv = s.bump();
         next["metadata"]["resourceVersion"] = json!(rv.to_string());
         s.objects.insert(key("configmaps", ns, name), next.clone());
+        s.event(rv, "configmaps", ns, "MODIFIED", next.clone());
     }
     (200, next)
 }
@@ -846,14 +970,19 @@ fn validate(cm: &mut Value, name: &str) -> Result<(), (u16, Value)> {
     Ok(())
 }
 
-/// A Node watch: every event after the given resourceVersion, as they come.
+/// A watch of one collection (`resource` in namespace `ns`, "" for
+/// cluster-scoped; `fieldSelector=metadata.name=…` narrows it to one
+/// object): every event after the given resourceVersion, as they come.
 fn watch(
     state: &Arc<Mutex<State>>,
     wake: tokio::sync::watch::Sender<u64>,
     query: &str,
     partial: bool,
+    (resource, ns): (&str, &str),
     log: impl Fn(&mut State, u16),
 ) -> Response<Body> {
+    let (resource, ns) = (resource.to_string(), ns.to_string());
+    let only = query_param(query, "fieldSelector").and_then(|f| f.strip_prefix("metadata.name=").map(str::to_string));
     let from: u64 = query_param(query, "resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
@@ -891,10 +1020,16 @@ fn watch(
                     return; // dropped: the stream ends, the client watches again
                 }
                 let horizon = s.paused_at.unwrap_or(u64::MAX);
-                s.node_events
+                s.events
                     .iter()
-                    .filter(|(rv, _, _)| *rv > last && *rv <= horizon)
-                    .map(|(rv, t, o)| {
+                    .filter(|(rv, r, n, _, o)| {
+                        *rv > last
+                            && *rv <= horizon
+                            && *r == resource
+                            && *n == ns
+                            && only.as_deref().is_none_or(|name| o["metadata"]["name"] == name)
+                    })
+                    .map(|(rv, _, _, t, o)| {
                         (
                             *rv,
                             format!("{}\n", json!({"type": t, "object": shape(o, partial)})),
@@ -926,4 +1061,271 @@ fn stream_reply(
     r.headers_mut()
         .insert("content-type", "application/json".parse().unwrap());
     r
+}
+
+/// The NodeRailRecord endpoints (the CRD installed): list (paged, by name),
+/// get, server-side apply, merge patch, and delete with preconditions.
+fn records(
+    s: &mut State,
+    method: &str,
+    rest: &[&str],
+    query: &str,
+    content_type: &str,
+    body: &[u8],
+    partial: bool,
+) -> (u16, Value) {
+    match (method, rest) {
+        ("GET", []) => list_records(s, query, partial),
+        ("GET", [name]) => match s.record(name) {
+            Some(o) => (200, shape(o, partial)),
+            None => record_not_found(name),
+        },
+        ("PATCH", [name]) if content_type.starts_with("application/apply-patch+yaml") => {
+            let Some(manager) = query_param(query, "fieldManager").filter(|m| !m.is_empty()) else {
+                return status(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch", Value::Null);
+            };
+            let force = query_param(query, "force").as_deref() == Some("true");
+            apply_record(s, name, &manager, force, body)
+        }
+        ("PATCH", [name]) => {
+            let manager = query_param(query, "fieldManager").unwrap_or_else(|| "unknown".into());
+            patch_record(s, name, &manager, content_type, body)
+        }
+        ("DELETE", [name]) => delete_record(s, name, body),
+        _ => status(405, "MethodNotAllowed", &format!("{method} is not supported here"), Value::Null),
+    }
+}
+
+fn record_not_found(name: &str) -> (u16, Value) {
+    status(
+        404,
+        "NotFound",
+        &format!("noderailrecords.nodefabric.gpustack.ai \"{name}\" not found"),
+        json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": RECORDS}),
+    )
+}
+
+/// A page of records in name order; `continue` is the last name served.
+fn list_records(s: &State, query: &str, partial: bool) -> (u16, Value) {
+    let only = query_param(query, "fieldSelector").map(|f| match f.strip_prefix("metadata.name=") {
+        Some(n) => Ok(n.to_string()),
+        None => Err(f),
+    });
+    let only = match only {
+        Some(Err(f)) => return status(400, "BadRequest", &format!("field label not supported: {f}"), Value::Null),
+        Some(Ok(n)) => Some(n),
+        None => None,
+    };
+    let limit: usize = query_param(query, "limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let after = query_param(query, "continue").filter(|c| !c.is_empty());
+    let mut items = Vec::new();
+    let mut more = None;
+    for ((r, _, name), o) in s.objects.range(key(RECORDS, "", after.as_deref().unwrap_or(""))..) {
+        if r != RECORDS {
+            break;
+        }
+        if after.as_deref() == Some(name.as_str()) || only.as_ref().is_some_and(|n| n != name) {
+            continue;
+        }
+        if items.len() == limit {
+            more = items.last().map(|i: &Value| i["metadata"]["name"].as_str().unwrap().to_string());
+            break;
+        }
+        items.push(shape(o, partial));
+    }
+    let (api, kind) = if partial { ("meta.k8s.io/v1", "PartialObjectMetadataList") } else { (RECORDS_API, "NodeRailRecordList") };
+    let mut meta = json!({"resourceVersion": s.rv.to_string()});
+    if let Some(c) = more {
+        meta["continue"] = json!(c);
+    }
+    (200, json!({"apiVersion": api, "kind": kind, "metadata": meta, "items": items}))
+}
+
+/// Drops what the schema does not declare, as the API server prunes a
+/// structural schema's unknown fields.
+fn prune(v: &mut Value, schema: &Value) {
+    match v {
+        Value::Object(m) => {
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                m.retain(|k, _| props.contains_key(k));
+                for (k, child) in m.iter_mut() {
+                    prune(child, &props[k]);
+                }
+            } else if let Some(inner) = schema.get("additionalProperties") {
+                for child in m.values_mut() {
+                    prune(child, inner);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(inner) = schema.get("items") {
+                for child in items {
+                    prune(child, inner);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The checks the API server makes on every NodeRailRecord it stores: the
+/// kind, the name, ownerReferences' required fields, and the CRD schema.
+fn check_record(s: &State, name: &str, obj: &mut Value) -> Result<(), (u16, Value)> {
+    let invalid = |field: &str, msg: String| {
+        let full = format!("NodeRailRecord.nodefabric.gpustack.ai \"{name}\" is invalid: {field}: {msg}");
+        status(422, "Invalid", &full, json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": "NodeRailRecord", "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": field}]}))
+    };
+    if obj["apiVersion"] != RECORDS_API || obj["kind"] != "NodeRailRecord" {
+        return Err(status(400, "BadRequest", &format!("the object's apiVersion/kind {}/{} is not {RECORDS_API}/NodeRailRecord", obj["apiVersion"], obj["kind"]), Value::Null));
+    }
+    if obj["metadata"]["name"] != name {
+        return Err(status(400, "BadRequest", "the name of the object does not match the name on the URL", Value::Null));
+    }
+    for (i, r) in obj["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default().iter().enumerate() {
+        for f in ["apiVersion", "kind", "name", "uid"] {
+            if r[f].as_str().is_none_or(str::is_empty) {
+                return Err(invalid(&format!("metadata.ownerReferences[{i}].{f}"), "Invalid value: \"\": must not be empty".into()));
+            }
+        }
+    }
+    let crd = s.crd.clone().unwrap();
+    let mut pruned = obj.clone();
+    prune(&mut pruned, &crd.schema);
+    // metadata is the API server's, not the schema's: keep it whole.
+    pruned["metadata"] = obj["metadata"].clone();
+    pruned["apiVersion"] = obj["apiVersion"].clone();
+    pruned["kind"] = obj["kind"].clone();
+    if let Some(e) = crd.validator.iter_errors(&pruned).next() {
+        return Err(invalid(&e.instance_path().to_string(), format!("{e}")));
+    }
+    *obj = pruned;
+    Ok(())
+}
+
+/// Stores `next` for `name` if it differs from what is stored (the
+/// resourceVersion moves only on a change); records the event.
+fn store_record(s: &mut State, name: &str, mut next: Value, created: bool) -> (u16, Value) {
+    let current = s.record(name).cloned();
+    if let Some(c) = &current {
+        next["metadata"]["resourceVersion"] = c["metadata"]["resourceVersion"].clone();
+        if *c == next {
+            return (200, next);
+        }
+    }
+    let rv = s.bump();
+    next["metadata"]["resourceVersion"] = json!(rv.to_string());
+    s.objects.insert(key(RECORDS, "", name), next.clone());
+    s.event(rv, RECORDS, "", if created { "ADDED" } else { "MODIFIED" }, next.clone());
+    (if created { 201 } else { 200 }, next)
+}
+
+/// Server-side apply: creates the object when absent; otherwise the
+/// manager's applied fields replace those it owned. A spec another manager
+/// wrote last is a conflict (409) unless forced.
+fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(body);
+    let mut applied: Value = match serde_saphyr::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => return status(400, "BadRequest", &format!("error decoding YAML: {e}"), Value::Null),
+    };
+    if let Err(e) = check_record(s, name, &mut applied) {
+        return e;
+    }
+    let current = s.record(name).cloned();
+    let mut own = s.owners.get(name).cloned().unwrap_or_default();
+    let mut next = match current {
+        None => {
+            let (uid, ts) = (s.uid(), "2026-03-01T12:00:00Z");
+            let mut o = applied.clone();
+            o["metadata"]["uid"] = json!(uid);
+            o["metadata"]["creationTimestamp"] = json!(ts);
+            o
+        }
+        Some(c) => {
+            if !force && !own.spec.is_empty() && own.spec != manager && applied.get("spec").is_some() && applied["spec"] != c["spec"] {
+                let msg = format!("Apply failed with 1 conflict: conflict with \"{}\": .spec", own.spec);
+                return status(409, "Conflict", &msg, json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": RECORDS, "causes": [{"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", own.spec), "field": ".spec"}]}));
+            }
+            let mut o = c.clone();
+            if let Some(spec) = applied.get("spec") {
+                o["spec"] = spec.clone();
+            }
+            // Labels: this manager's earlier keys go, its applied keys are set, others' stay.
+            let mut labels = c["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+            for k in own.labels.get(manager).into_iter().flatten() {
+                labels.remove(k);
+            }
+            for (k, v) in applied["metadata"]["labels"].as_object().into_iter().flatten() {
+                labels.insert(k.clone(), v.clone());
+            }
+            o["metadata"]["labels"] = Value::Object(labels);
+            o["metadata"]["ownerReferences"] = applied["metadata"]["ownerReferences"].clone();
+            o
+        }
+    };
+    if next["metadata"]["ownerReferences"].is_null() {
+        next["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+    }
+    own.spec = manager.to_string();
+    own.labels.insert(
+        manager.to_string(),
+        applied["metadata"]["labels"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default(),
+    );
+    let created = s.record(name).is_none();
+    s.owners.insert(name.to_string(), own);
+    store_record(s, name, next, created)
+}
+
+/// A merge patch (as `kubectl edit` sends), making `manager` the spec's owner.
+fn patch_record(s: &mut State, name: &str, manager: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
+    let Some(current) = s.record(name).cloned() else {
+        return record_not_found(name);
+    };
+    if !content_type.starts_with("application/merge-patch+json") {
+        return status(415, "UnsupportedMediaType", &format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {content_type:?})"), Value::Null);
+    }
+    let patch: Value = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => return status(400, "BadRequest", &format!("the patch is not JSON: {e}"), Value::Null),
+    };
+    let mut next = current.clone();
+    json_patch::merge(&mut next, &patch);
+    if let Err(e) = check_record(s, name, &mut next) {
+        return e;
+    }
+    if next["spec"] != current["spec"] {
+        s.owners.entry(name.to_string()).or_default().spec = manager.to_string();
+    }
+    store_record(s, name, next, false)
+}
+
+/// Delete, honouring `preconditions.uid` and `.resourceVersion` (409 Conflict
+/// when either differs, nothing deleted); answers the object as it was.
+fn delete_record(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
+    let Some(current) = s.record(name).cloned() else {
+        return record_not_found(name);
+    };
+    let options: Value = if body.is_empty() { json!({}) } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return status(400, "BadRequest", &format!("the DeleteOptions are not JSON: {e}"), Value::Null),
+        }
+    };
+    let conflict = |what: &str, want: &Value, have: &Value| {
+        status(409, "Conflict", &format!("Operation cannot be fulfilled on noderailrecords.nodefabric.gpustack.ai \"{name}\": Precondition failed: {what} in precondition: {}, {what} in object meta: {}", want.as_str().unwrap_or(""), have.as_str().unwrap_or("")), json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": RECORDS}))
+    };
+    let pre = &options["preconditions"];
+    if !pre["uid"].is_null() && pre["uid"] != current["metadata"]["uid"] {
+        return conflict("UID", &pre["uid"], &current["metadata"]["uid"]);
+    }
+    if !pre["resourceVersion"].is_null() && pre["resourceVersion"] != current["metadata"]["resourceVersion"] {
+        return conflict("ResourceVersion", &pre["resourceVersion"], &current["metadata"]["resourceVersion"]);
+    }
+    s.objects.remove(&key(RECORDS, "", name));
+    s.owners.remove(name);
+    let rv = s.bump();
+    let mut old = current;
+    old["metadata"]["resourceVersion"] = json!(rv.to_string());
+    s.event(rv, RECORDS, "", "DELETED", old.clone());
+    (200, old)
 }

@@ -1,0 +1,228 @@
+//! The observer's clean-up of NodeRailRecords whose Node is gone or was
+//! replaced (`observe --rails-record custom-resource`).
+//!
+//! Kubernetes' garbage collector deletes a record once its owner Node is
+//! gone, but it may be disabled, slow or behind; the observer does not rely
+//! on it. A record is stale when no Node of its name exists, or when the
+//! UID of its `kind: Node` ownerReference is not the Node's current UID.
+//!
+//! Two guards keep a live record safe:
+//! - The judgement uses the Node watch cache only when that cache is at
+//!   least as new as the record (its resourceVersion); a record written
+//!   after the cache's last event is judged against a fresh read of its one
+//!   Node instead, so a broker of a Node the cache has not seen yet keeps
+//!   its record.
+//! - The delete carries `uid` and `resourceVersion` preconditions: those of
+//!   the object judged. A record re-created meanwhile (new uid) or
+//!   re-applied in place (same uid, new resourceVersion) by the new Node's
+//!   broker fails them (409) and stays.
+//!
+//! Records are listed as metadata only, in pages, so 10,000 records cost a
+//! few MiB, and requests beyond the list grow with the stale records alone.
+
+use super::reconcile::{node_now, Nodes, Outcome};
+use super::record::{owner_uid, NodeRailRecord};
+use super::{code, ClusterError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, ListParams, Preconditions};
+use kube::{Api, Client};
+
+/// How many records one list page carries.
+const PAGE: u32 = 500;
+
+/// What the observer needs of one record: its identity and owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordMeta {
+    /// The object's name (its Node's name).
+    pub name: String,
+    /// The object's UID, a delete precondition.
+    pub uid: String,
+    /// The object's resourceVersion, a delete precondition.
+    pub resource_version: String,
+    /// The UID of its `kind: Node` owner, if it names one.
+    pub owner: Option<String>,
+}
+
+impl RecordMeta {
+    /// Takes the fields out of an object's metadata; `None` when it lacks
+    /// the name, uid or resourceVersion every stored object has.
+    pub fn from_meta(meta: &ObjectMeta) -> Option<RecordMeta> {
+        Some(RecordMeta {
+            name: meta.name.clone()?,
+            uid: meta.uid.clone()?,
+            resource_version: meta.resource_version.clone()?,
+            owner: owner_uid(meta).map(str::to_string),
+        })
+    }
+
+    /// The resourceVersion as a number, where the server's is one (etcd's
+    /// are; an opaque one is never taken as older than the cache).
+    fn revision(&self) -> Option<u64> {
+        self.resource_version.parse().ok()
+    }
+}
+
+/// Why `record` is stale given `nodes`, or `None` when it is current.
+pub fn why_stale(record: &RecordMeta, nodes: &Nodes) -> Option<String> {
+    match (nodes.get(&record.name), &record.owner) {
+        (None, _) => Some("no Node of that name exists".into()),
+        // No Node owner to compare: its broker's next apply adds one.
+        (Some(_), None) => None,
+        (Some(uid), Some(owner)) if owner == uid => None,
+        (Some(uid), Some(owner)) => Some(format!(
+            "its owner UID {owner} is not Node {}'s UID {uid} (the name was reused)",
+            record.name
+        )),
+    }
+}
+
+/// Whether the Node cache, last updated at `cache_revision`, is at least as
+/// new as `record`, so judging the record by it is sound.
+pub fn cache_covers(record: &RecordMeta, cache_revision: Option<u64>) -> bool {
+    matches!((record.revision(), cache_revision), (Some(r), Some(c)) if r <= c)
+}
+
+/// Every record's metadata, page by page (RBAC: `list` on noderailrecords).
+/// `only` narrows the list to one name (a field selector).
+pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>, ClusterError> {
+    let api: Api<NodeRailRecord> = Api::all(client.clone());
+    let mut params = ListParams::default().limit(PAGE);
+    if let Some(name) = only {
+        params = params.fields(&format!("metadata.name={name}"));
+    }
+    let what = || match only {
+        Some(name) => format!("LIST NodeRailRecords metadata.name={name}"),
+        None => "LIST NodeRailRecords".to_string(),
+    };
+    let mut out = Vec::new();
+    loop {
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(|e| match code(&e) {
+                Some(404) => ClusterError::NoCrd {
+                    what: what(),
+                    message: e.to_string(),
+                },
+                Some(403) => ClusterError::Forbidden {
+                    what: what(),
+                    needs: "`list` on noderailrecords".into(),
+                    message: e.to_string(),
+                },
+                _ => ClusterError::api(what(), e),
+            })?;
+        out.extend(page.items.iter().filter_map(|o| RecordMeta::from_meta(&o.metadata)));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Deletes the stale NodeRailRecords: every record, or only the one named
+/// `only`. `nodes` is the watch cache as of `cache_revision`.
+pub async fn clean(
+    client: &Client,
+    nodes: &Nodes,
+    cache_revision: Option<u64>,
+    only: Option<&str>,
+) -> Result<Outcome, ClusterError> {
+    let api: Api<NodeRailRecord> = Api::all(client.clone());
+    let mut out = Outcome::default();
+    for record in list(client, only).await? {
+        let Some(mut why) = why_stale(&record, nodes) else {
+            continue;
+        };
+        if !cache_covers(&record, cache_revision) {
+            // Written after the cache's last event: its Node may be newer
+            // than the cache. Judge it by the Node as it is now.
+            match why_stale(&record, &node_now(client, &record.name).await?) {
+                Some(w) => why = w,
+                None => {
+                    tracing::debug!(
+                        "NodeRailRecord {}: newer than the Node cache, and its Node is current; kept",
+                        record.name
+                    );
+                    continue;
+                }
+            }
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(record.uid.clone()),
+                resource_version: Some(record.resource_version.clone()),
+            }),
+            ..Default::default()
+        };
+        match api.delete(&record.name, &params).await {
+            Ok(_) => {
+                tracing::info!("deleted NodeRailRecord {}: {why}", record.name);
+                out.removed.push(record.name);
+            }
+            // A precondition failed (re-created or re-applied since the
+            // list), or it is gone already (the garbage collector was first).
+            Err(e) if matches!(code(&e), Some(404 | 409)) => {
+                tracing::info!(
+                    "NodeRailRecord {} not deleted: it changed or went since it was read ({e})",
+                    record.name
+                );
+                out.changed.push(record.name);
+            }
+            Err(e) if code(&e) == Some(403) => {
+                return Err(ClusterError::Forbidden {
+                    what: format!("DELETE NodeRailRecord {}", record.name),
+                    needs: "`delete` on noderailrecords".into(),
+                    message: e.to_string(),
+                })
+            }
+            Err(e) => {
+                return Err(ClusterError::api(
+                    format!("DELETE NodeRailRecord {}", record.name),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(name: &str, owner: Option<&str>, rv: &str) -> RecordMeta {
+        RecordMeta {
+            name: name.into(),
+            uid: format!("r-{name}"),
+            resource_version: rv.into(),
+            owner: owner.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn records_of_gone_and_replaced_nodes_are_stale_and_current_ones_are_not() {
+        let nodes = Nodes::from([
+            ("alive".to_string(), "u-alive".to_string()),
+            ("reused".to_string(), "u-new".to_string()),
+            ("unowned".to_string(), "u-x".to_string()),
+        ]);
+        assert_eq!(why_stale(&rec("alive", Some("u-alive"), "1"), &nodes), None);
+        assert_eq!(why_stale(&rec("unowned", None, "1"), &nodes), None);
+        let gone = why_stale(&rec("gone", Some("u-gone"), "1"), &nodes).unwrap();
+        assert!(gone.contains("no Node"), "{gone}");
+        let reused = why_stale(&rec("reused", Some("u-old"), "1"), &nodes).unwrap();
+        assert!(reused.contains("u-old") && reused.contains("u-new"), "{reused}");
+        // Without a Node owner, a record is still stale once its Node is gone.
+        assert!(why_stale(&rec("gone", None, "1"), &nodes).is_some());
+    }
+
+    #[test]
+    fn only_a_cache_at_least_as_new_as_the_record_judges_it() {
+        assert!(cache_covers(&rec("a", None, "10"), Some(10)));
+        assert!(cache_covers(&rec("a", None, "9"), Some(10)));
+        assert!(!cache_covers(&rec("a", None, "11"), Some(10)));
+        assert!(!cache_covers(&rec("a", None, "10"), None));
+        // An opaque resourceVersion is never taken as covered.
+        assert!(!cache_covers(&rec("a", None, "abc"), Some(u64::MAX)));
+    }
+}

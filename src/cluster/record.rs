@@ -1,0 +1,150 @@
+//! The second form of the cluster-wide rail record: one cluster-scoped
+//! `NodeRailRecord` per node, named after the node, for clusters past the
+//! shared ConfigMap's 1 MiB (about 250 eight-GPU nodes).
+//!
+//! The custom resource's spec is the very record `nodefabric rails` prints
+//! (format version, nodeUID, railSource, nics, gpus), and its CRD is derived
+//! from those Rust types ([`crd_yaml`], `nodefabric crd`), so the schema the
+//! API server validates against cannot drift from what the broker writes.
+//!
+//! Each object carries an ownerReference to its Node (the Node's UID; not a
+//! controller reference), so Kubernetes' garbage collector removes it when
+//! the Node is deleted, or replaced under the same name with a new UID.
+
+use crate::rails::RailRecord;
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// The API group of nodefabric's own resources.
+pub const GROUP: &str = "nodefabric.gpustack.ai";
+
+/// The label carrying the record's GPU count (the `GPUs` printer column).
+pub const GPUS_LABEL: &str = "nodefabric.gpustack.ai/gpus";
+
+/// The label carrying the record's rail count (the `Rails` printer column).
+pub const RAILS_LABEL: &str = "nodefabric.gpustack.ai/rails";
+
+/// The node's rail record: the same JSON `nodefabric rails` prints and the
+/// shared ConfigMap holds under the node's key (version, nodeUID,
+/// railSource, nics, gpus).
+// Each printer column repeats `type_ = "integer"` and the like, which clippy
+// takes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[kube(
+    group = "nodefabric.gpustack.ai",
+    version = "v1alpha1",
+    kind = "NodeRailRecord",
+    plural = "noderailrecords",
+    shortname = "nrr",
+    category = "nodefabric",
+    doc = "One node's GPU-to-NIC rail record: for every GPU and every network rail, the NICs tied at the closest PCIe path class. Named after its Node, owned by it; written by the node's nodefabric broker.",
+    selectable = ".spec.railSource",
+    printcolumn(name = "GPUs", type_ = "integer", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/gpus", description = "GPUs in the record"),
+    printcolumn(name = "Rails", type_ = "integer", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/rails", description = "distinct network rails"),
+    printcolumn(name = "Source", type_ = "string", json_path = ".spec.railSource", description = "where rails came from: host-lldp or interface-name"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+pub struct NodeRailRecordSpec {
+    /// The rail record, its keys at the top of the spec.
+    #[serde(flatten)]
+    pub record: RailRecord,
+}
+
+/// The CRD as YAML, as `deploy/crds/` holds it and `nodefabric crd` prints it.
+pub fn crd_yaml() -> String {
+    let crd = NodeRailRecord::crd();
+    let body = serde_saphyr::to_string(&crd).expect("a CRD serialises to YAML");
+    format!(
+        "# Generated from the Rust type (src/cluster/record.rs) by `nodefabric crd`;\n\
+         # a test keeps this file equal to that output.\n{body}"
+    )
+}
+
+/// The number of distinct rail IDs in `record`, for the `Rails` column.
+pub fn rail_count(record: &RailRecord) -> usize {
+    record.nics.values().flatten().collect::<BTreeSet<_>>().len()
+}
+
+/// The object the broker applies for Node `node` (UID `node_uid`): the
+/// record as spec, the counts as labels, and the Node as owner.
+pub fn object(node: &str, node_uid: &str, record: &RailRecord) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": format!("{GROUP}/v1alpha1"),
+        "kind": "NodeRailRecord",
+        "metadata": {
+            "name": node,
+            "labels": {
+                "app.kubernetes.io/managed-by": "nodefabric",
+                GPUS_LABEL: record.gpus.len().to_string(),
+                RAILS_LABEL: rail_count(record).to_string(),
+            },
+            // Not a controller reference and no blockOwnerDeletion: the Node
+            // does not manage the record, it only bounds its life.
+            "ownerReferences": [{
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node,
+                "uid": node_uid,
+            }],
+        },
+        "spec": record,
+    })
+}
+
+/// The UID of the Node that owns a record (its `kind: Node` ownerReference).
+pub fn owner_uid(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<&str> {
+    meta.owner_references
+        .as_deref()?
+        .iter()
+        .find(|r| r.kind == "Node" && r.api_version == "v1")
+        .map(|r| r.uid.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crd_is_cluster_scoped_with_a_structural_schema_and_the_printer_columns() {
+        let crd = serde_json::to_value(NodeRailRecord::crd()).unwrap();
+        assert_eq!(crd["metadata"]["name"], "noderailrecords.nodefabric.gpustack.ai");
+        assert_eq!(crd["spec"]["scope"], "Cluster");
+        let v = &crd["spec"]["versions"][0];
+        let columns: Vec<&str> = v["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(columns, ["GPUs", "Rails", "Source", "Age"]);
+        let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        for key in ["version", "nodeUID", "railSource", "nics", "gpus"] {
+            assert!(spec["properties"].get(key).is_some(), "spec.{key} missing: {spec}");
+        }
+        // A structural schema (what the API server requires) has no $ref.
+        assert!(!crd.to_string().contains("$ref"), "{crd}");
+    }
+
+    #[test]
+    fn the_rail_count_is_distinct_rails_not_nics() {
+        let mut r = RailRecord {
+            version: crate::rails::RECORD_VERSION.into(),
+            node_uid: "u".into(),
+            rail_source: "host-lldp".into(),
+            nics: Default::default(),
+            gpus: vec![],
+        };
+        r.nics.insert("0000:01:00.0".into(), vec!["rail0".into()]);
+        r.nics.insert("0000:02:00.0".into(), vec!["rail0".into()]);
+        r.nics.insert("0000:03:00.0".into(), vec!["rail1".into()]);
+        assert_eq!(rail_count(&r), 2);
+        let o = object("n1", "u-1", &r);
+        assert_eq!(o["metadata"]["labels"][RAILS_LABEL], "2");
+        assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert_eq!(o["spec"]["nodeUID"], "u");
+    }
+}
