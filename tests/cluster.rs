@@ -11,6 +11,9 @@ mod apiserver;
 mod apiserver_rbac;
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[allow(dead_code)] // only runnable() is used here
+#[path = "support/host.rs"]
+mod host;
 
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
@@ -1298,4 +1301,38 @@ fn observer_judges_a_record_newer_than_its_node_cache_by_a_fresh_read() {
     w.api.resume_watches();
     assert!(sigterm(&mut obs).success());
     assert!(record_deletes(&w.api).is_empty());
+}
+
+/// The example a scheduler extension would start from
+/// (examples/watch_rail_records.rs), where a whole `cargo test` builds it.
+/// (Building it from here would build it without the dev-dependencies'
+/// features, and each build would undo the other's.)
+fn example(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    deps.parent().unwrap().join("examples").join(name)
+}
+
+#[test]
+fn the_watch_example_sees_each_record_a_broker_applies_and_deletes() {
+    let w = World::new();
+    w.api.install_crd();
+    w.api.add_node("node-a");
+    let bin = example("watch_rail_records");
+    let missing = (!bin.exists()).then(|| format!("{} is built by a whole `cargo test`, not by --test cluster alone", bin.display()));
+    if !host::runnable("the_watch_example_sees_each_record_a_broker_applies_and_deletes", missing) {
+        return;
+    }
+    let out = w.dir.join("example.out");
+    let mut watcher = Command::new(&bin)
+        .env("KUBECONFIG", &w.kubeconfig)
+        .stdout(fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    eventually("the example printed node-a's record", || fs::read_to_string(&out).unwrap().contains("node-a: 8 GPUs, 8 NICs; "));
+    ok(w.cr_broker("node-a", "none.json").output().unwrap());
+    eventually("the example printed the deletion", || fs::read_to_string(&out).unwrap().contains("node-a: deleted"));
+    let _ = watcher.kill();
+    let _ = watcher.wait();
 }

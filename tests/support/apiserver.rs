@@ -160,6 +160,11 @@ impl State {
         self.event(rv, "configmaps", ns, "MODIFIED", cm);
     }
 
+    /// The current resourceVersion, where a watch from now starts.
+    pub fn resource_version(&self) -> String {
+        self.rv.to_string()
+    }
+
     /// A stored NodeRailRecord, whole.
     pub fn record(&self, name: &str) -> Option<&Value> {
         self.objects.get(&key(RECORDS, "", name))
