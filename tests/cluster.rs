@@ -741,11 +741,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
-    let w = World::new();
-    w.api.add_node("node-a");
-    let port = free_port();
+/// `publish --interval 1s` for node-a under the broker's account, with
+/// --health-addr on `port` and the cluster flags `target`.
+fn interval_publisher(w: &World, port: u16, target: &[&str]) -> Child {
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
     c.args(["publish", "--sysfs-root"]).arg(&w.root);
     for (flag, dir) in [
@@ -772,12 +770,17 @@ fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
         "--node-name",
         "node-a",
     ]);
-    c.args(["--rails-configmap", CM]); // the namespace is the account's (the kubeconfig context's)
-    let mut publisher = c
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    c.args(target);
+    c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+#[test]
+fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    let port = free_port();
+    // The namespace is the account's (the kubeconfig context's).
+    let mut publisher = interval_publisher(&w, port, &["--rails-configmap", CM]);
     eventually("the publisher answers probes", || {
         probe(port, "/livez") == Some(200)
     });
@@ -797,6 +800,24 @@ fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
     eventually("the publisher is ready", || {
         probe(port, "/readyz") == Some(200)
     });
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
+
+#[test]
+fn interval_publisher_of_a_node_rail_record_is_unready_until_the_crd_exists() {
+    let w = World::new();
+    let uid = w.api.add_node("node-a");
+    let port = free_port();
+    let mut publisher = interval_publisher(&w, port, &["--rails-record", "custom-resource"]);
+    eventually("the publisher answers probes", || probe(port, "/livez") == Some(200));
+    eventually("a pass failed", || w.api.log().iter().any(|l| l.path.starts_with(NRR_PATH) && l.status == 404));
+    assert_eq!(probe(port, "/readyz"), Some(503));
+    assert!(w.dir.join("f/nodefabric").exists(), "labels do not wait for the cluster");
+    w.api.install_crd();
+    eventually("the record is applied", || w.nrr("node-a").is_some());
+    eventually("the publisher is ready", || probe(port, "/readyz") == Some(200));
+    assert_eq!(w.nrr("node-a").unwrap()["spec"]["nodeUID"], uid.as_str());
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
