@@ -1,10 +1,9 @@
 //! Liveness and readiness over HTTP for the long-running parts: the Node
 //! Observer and the interval-mode publisher (`GET /livez`, `GET /readyz`:
-//! 200 `ok`, or 503 naming what is wrong), for the pods' probes.
+//! 200 `ok`, or 503 naming what is wrong), for the pods' probes. Served by
+//! axum, as the device plugin's probes are.
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
+use axum::http::{StatusCode, Uri};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,6 +65,8 @@ impl Health {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // Its own thread and runtime: the publisher is synchronous and the
+        // observer's runtime may be busy; a probe must be answered anyway.
         std::thread::Builder::new()
             .name("health".into())
             .spawn(move || {
@@ -74,27 +75,13 @@ impl Health {
                         Ok(l) => l,
                         Err(e) => return tracing::error!("health endpoint {bound}: {e}"),
                     };
-                    loop {
-                        let Ok((tcp, _)) = listener.accept().await else {
-                            continue;
-                        };
-                        let health = health.clone();
-                        tokio::spawn(async move {
-                            let service = hyper::service::service_fn(
-                                move |req: Request<hyper::body::Incoming>| {
-                                    let (code, body) = health.answer(req.uri().path());
-                                    let mut resp = Response::new(Full::new(Bytes::from_static(
-                                        body.as_bytes(),
-                                    )));
-                                    *resp.status_mut() = code;
-                                    async move { Ok::<_, std::convert::Infallible>(resp) }
-                                },
-                            );
-                            let io = hyper_util::rt::TokioIo::new(tcp);
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(io, service)
-                                .await;
-                        });
+                    // Every path goes to answer(), which knows the two probes.
+                    let app = axum::Router::new().fallback(move |uri: Uri| {
+                        let (code, body) = health.answer(uri.path());
+                        async move { (code, body) }
+                    });
+                    if let Err(e) = axum::serve(listener, app).await {
+                        tracing::error!("health endpoint {bound} stopped: {e}");
                     }
                 })
             })?;
