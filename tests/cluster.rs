@@ -818,6 +818,18 @@ fn interval_publisher_of_a_node_rail_record_is_unready_until_the_crd_exists() {
     eventually("the record is applied", || w.nrr("node-a").is_some());
     eventually("the publisher is ready", || probe(port, "/readyz") == Some(200));
     assert_eq!(w.nrr("node-a").unwrap()["spec"]["nodeUID"], uid.as_str());
+    // Later passes (one a second) find the record unchanged: neither the
+    // Node nor the record is asked for again within the refresh time.
+    let count = |w: &World| {
+        let log = w.api.log();
+        let applies = log.iter().filter(|l| l.method == "PATCH" && l.path.starts_with(NRR_PATH) && l.status < 300).count();
+        let node_reads = log.iter().filter(|l| l.path == "/api/v1/nodes/node-a").count();
+        (applies, node_reads)
+    };
+    let before = count(&w);
+    std::thread::sleep(Duration::from_secs(3)); // three more passes
+    assert_eq!(count(&w), before, "an unchanged record is not sent again every pass");
+    assert_eq!(before.1, 1, "the Node's UID was read once");
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
@@ -1240,7 +1252,7 @@ fn observer_deletes_records_of_gone_and_replaced_nodes_without_the_garbage_colle
         s.put_record("e", "u-old-e", spec("u-old-e"));
         (ra, rb)
     });
-    // Written after every Node event the cache holds, so each is judged by a fresh read of its Node.
+    // Every candidate is judged again by a fresh read of its Node before its delete.
     let mut obs = w.cr_observer("observer.log", "10m");
     eventually("the record of a Node that never existed is deleted", || w.nrr("gone").is_none());
     eventually("the record of an earlier Node e is deleted", || w.nrr("e").is_none());
@@ -1305,7 +1317,7 @@ fn observer_never_deletes_a_record_reapplied_in_place_after_it_was_judged() {
 }
 
 #[test]
-fn observer_judges_a_record_newer_than_its_node_cache_by_a_fresh_read() {
+fn observer_judges_a_record_its_node_cache_cannot_explain_by_a_fresh_read() {
     let w = World::new();
     w.api.install_crd();
     let a = w.api.add_node("a");
@@ -1317,8 +1329,8 @@ fn observer_judges_a_record_newer_than_its_node_cache_by_a_fresh_read() {
     let d = w.api.add_node("d");
     w.api.with(|s| drop(s.put_record("d", &d, spec(&d))));
     // Several resyncs judge d against a cache without it: each reads Node d afresh and keeps the record.
-    eventually("a resync judged d", || w.read_log("observer.log").matches("NodeRailRecord d: newer than the Node cache").count() >= 2);
-    assert!(w.nrr("d").is_some(), "a record newer than the cache is never deleted on the cache's word");
+    eventually("a resync judged d", || w.read_log("observer.log").matches("NodeRailRecord d: stale by the Node cache, current by a fresh read").count() >= 2);
+    assert!(w.nrr("d").is_some(), "a record is never deleted on the cache's word alone");
     w.api.resume_watches();
     assert!(sigterm(&mut obs).success());
     assert!(record_deletes(&w.api).is_empty());
@@ -1356,4 +1368,77 @@ fn the_watch_example_sees_each_record_a_broker_applies_and_deletes() {
     eventually("the example printed the deletion", || fs::read_to_string(&out).unwrap().contains("node-a: deleted"));
     let _ = watcher.kill();
     let _ = watcher.wait();
+}
+
+#[test]
+fn observer_without_the_crd_is_unready_naming_the_fix_and_recovers_once_it_exists() {
+    let w = World::new();
+    w.api.add_node("a");
+    let port = free_port();
+    let stderr = fs::File::create(w.dir.join("observer.log")).unwrap();
+    let mut obs = w
+        .nodefabric_as(&w.observer_kubeconfig)
+        .args(["observe", "--rails-record", "custom-resource", "--resync", "1s", "--health-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    eventually("the pass failed", || w.read_log("observer.log").contains("not installed"));
+    assert!(w.read_log("observer.log").contains("nodefabric crd | kubectl apply -f -"));
+    assert_eq!(probe(port, "/readyz"), Some(503));
+    w.api.install_crd();
+    w.api.with(|s| drop(s.put_record("gone", "u-gone", spec("u-gone"))));
+    eventually("a resync deleted the stale record", || w.nrr("gone").is_none());
+    eventually("ready", || probe(port, "/readyz") == Some(200));
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn observer_delete_refused_or_beaten_by_the_garbage_collector() {
+    let w = World::new();
+    w.api.install_crd();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.api.with(|s| {
+        s.put_record("a", &a, spec(&a));
+        s.put_record("b", &b, spec(&b));
+    });
+    let mut obs = w.cr_observer("observer.log", "10m");
+    eventually("the observer synced", || w.read_log("observer.log").contains("reconciling every record"));
+    // The garbage collector deletes b's record between the observer's list and its delete: a 404, not an error.
+    w.api.fault("DELETE", &format!("{NRR_PATH}/b"), Action::Before(Box::new(|s| drop(s.collect_garbage()))));
+    w.api.delete_node("b");
+    eventually("the delete found it gone", || record_deletes(&w.api).iter().any(|d| d.status == 404));
+    assert!(w.nrr("b").is_none());
+    // A refused delete names the missing permission, and the record stays.
+    w.api.fault("DELETE", &format!("{NRR_PATH}/a"), Action::Respond(403));
+    w.api.delete_node("a");
+    eventually("the refusal is logged", || w.read_log("observer.log").contains("needs `delete` on noderailrecords"));
+    assert!(w.nrr("a").is_some());
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn observer_pages_through_more_records_than_one_list_holds_and_survives_an_expired_continue() {
+    let w = World::new();
+    w.api.install_crd();
+    const N: usize = 1100; // three pages of 500
+    let uids: Vec<String> = (0..N).map(|i| w.api.add_node(&format!("n{i:04}"))).collect();
+    let stale = [0, 600, N - 1];
+    w.api.with(|s| {
+        for (i, uid) in uids.iter().enumerate() {
+            let owner = if stale.contains(&i) { format!("old-{i}") } else { uid.clone() };
+            s.put_record(&format!("n{i:04}"), &owner, spec(&owner));
+        }
+    });
+    // The second page's continue token has expired: the list starts over.
+    w.api.fault_where("GET", NRR_PATH, Some("continue="), Action::Respond(410));
+    let mut obs = w.cr_observer("observer.log", "10m");
+    for i in stale {
+        eventually(&format!("stale record {i} is deleted"), || w.nrr(&format!("n{i:04}")).is_none());
+    }
+    assert_eq!(w.api.with(|s| (0..N).filter(|i| s.record(&format!("n{i:04}")).is_some()).count()), N - 3);
+    let lists: Vec<_> = w.api.log().into_iter().filter(|l| l.method == "GET" && l.path == NRR_PATH).collect();
+    assert!(lists.iter().any(|l| l.status == 410) && lists.iter().filter(|l| l.query.contains("continue=")).count() >= 2, "{lists:?}");
+    assert!(w.read_log("observer.log").contains("listing again from the start"));
+    assert!(sigterm(&mut obs).success());
 }

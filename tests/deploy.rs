@@ -103,7 +103,9 @@ fn the_optional_admission_policy_is_typed_and_holds_the_broker_to_its_node() {
     assert!(spec.match_conditions.unwrap()[0].expression.contains(&user), "the policy names the broker's account");
     let rule = &spec.match_constraints.unwrap().resource_rules.unwrap()[0];
     assert_eq!(rule.resources.as_deref(), Some(&["noderailrecords".to_string()][..]));
-    assert!(spec.validations.unwrap()[0].expression.contains("authentication.kubernetes.io/node-name"));
+    let validations = spec.validations.unwrap();
+    assert!(validations.iter().all(|v| v.expression.contains("authentication.kubernetes.io/node-name")));
+    assert!(validations[1].expression.contains("request.name"), "the second compares the claim with the record's name");
 }
 
 #[test]
@@ -212,9 +214,9 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
     assert!(verbs(&rbac, me, "", "configmaps", Some("nodefabric"), None).is_empty(), "the broker never creates it");
     assert!(verbs(&rbac, me, "", "configmaps", Some("default"), Some(&cm)).is_empty());
     assert!(verbs(&rbac, me, "", "pods", Some("nodefabric"), None).is_empty());
-    // --rails-record custom-resource: its NodeRailRecord, never a list or watch of them all.
-    assert_eq!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, Some("node-a")), ["get", "create", "patch", "delete"]);
-    assert!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, None).iter().all(|v| !["list", "watch", "deletecollection"].contains(v)));
+    // --rails-record custom-resource: write its NodeRailRecord; never read, list or watch them.
+    assert_eq!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, Some("node-a")), ["create", "patch", "delete"]);
+    assert!(verbs(&rbac, me, "nodefabric.gpustack.ai", "noderailrecords", None, None).iter().all(|v| !["get", "list", "watch", "deletecollection"].contains(v)));
 }
 
 /// The observer's Deployment, parsed.
@@ -235,22 +237,21 @@ fn rails_configmap() -> String {
 
 #[test]
 fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_its_health_port() {
-    let (d, o) = observer();
+    let (d, args) = observer();
     let spec = d.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(1));
-    assert_eq!(o.owner_deployment, d.metadata.name.clone(), "--owner-deployment names this Deployment");
-    let (o, owner_deployment) = (o.rails_configmap.clone().unwrap(), o.owner_deployment.clone().unwrap());
-    let o_health = observer().1.health_addr;
+    assert_eq!(args.owner_deployment, d.metadata.name.clone(), "--owner-deployment names this Deployment");
+    let (cm, owner_deployment) = (args.rails_configmap.clone().unwrap(), args.owner_deployment.clone().unwrap());
     let ns = d.metadata.namespace.as_deref().unwrap();
-    assert!(o.namespace.is_none() || o.namespace.as_deref() == Some(ns));
+    assert!(cm.namespace.is_none() || cm.namespace.as_deref() == Some(ns));
     let broker: Role = typed("broker-role.yaml", &yaml("broker-role.yaml"));
-    assert_eq!(broker.rules.unwrap()[0].resource_names.as_deref(), Some(&[o.name.clone()][..]));
+    assert_eq!(broker.rules.unwrap()[0].resource_names.as_deref(), Some(&[cm.name.clone()][..]));
     let pod = spec.template.spec.as_ref().unwrap();
     let c = &pod.containers[0];
     let sc = c.security_context.as_ref().unwrap();
     assert_eq!((sc.read_only_root_filesystem, sc.allow_privilege_escalation, sc.run_as_non_root), (Some(true), Some(false), Some(true)));
     assert!(c.resources.as_ref().unwrap().limits.as_ref().is_some_and(|l| l.contains_key("memory")));
-    let port = o_health.expect("--health-addr").port() as i32;
+    let port = args.health_addr.expect("--health-addr").port() as i32;
     let declared = c.ports.iter().flatten().find(|p| p.container_port == port).expect("the health port is declared");
     for (probe, path) in [(&c.liveness_probe, "/livez"), (&c.readiness_probe, "/readyz")] {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).expect("an HTTP probe");
@@ -267,7 +268,7 @@ fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_it
     assert_eq!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some(&owner_deployment)), ["get"]);
     assert!(verbs(&rbac, me, "apps", "deployments", Some(ns), Some("other")).is_empty());
     assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), None), ["get", "create", "patch"]);
-    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), Some(&o.name)), ["get", "create", "patch"]);
+    assert_eq!(verbs(&rbac, me, "", "configmaps", Some(ns), Some(&cm.name)), ["get", "create", "patch"]);
     assert!(verbs(&rbac, me, "", "configmaps", Some("kube-system"), None).is_empty());
     assert!(verbs(&rbac, me, "", "secrets", Some(ns), None).is_empty());
     // --rails-record custom-resource: list records (metadata) and delete stale ones; no writes.

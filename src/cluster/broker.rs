@@ -10,7 +10,7 @@
 use super::record::NodeRailRecord;
 use super::{code, ClusterError, ConfigMapRef, CONFIGMAP_LIMIT, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -101,9 +101,15 @@ pub async fn apply_record(
     }
 }
 
+/// NodeRailRecords without their type: for deletes, whose answer (the
+/// object as it was) may be of another format version than this build's.
+pub(crate) fn records_untyped(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<NodeRailRecord>(&()))
+}
+
 /// Deletes this node's NodeRailRecord (an empty rail result); absent is fine.
 pub async fn delete_record(client: &Client, node: &str) -> Result<(), ClusterError> {
-    let api: Api<NodeRailRecord> = Api::all(client.clone());
+    let api = records_untyped(client);
     match api.delete(node, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(e) if code(&e) == Some(404) && !no_resource(&e) => Ok(()),
@@ -128,8 +134,9 @@ fn record_error(request: String, needs: &str, e: kube::Error) -> ClusterError {
 }
 
 /// Whether a 404 says the resource type is unknown (no CRD installed)
-/// rather than that one object is absent: the API server's answer for an
-/// unknown path has no `details.name`.
+/// rather than that one object is absent: the API server answers an unknown
+/// path in plain text ("404 page not found", which kube-rs turns into a
+/// Status without details), an absent object with `details.name`.
 pub(crate) fn no_resource(e: &kube::Error) -> bool {
     let kube::Error::Api(s) = e else { return false };
     s.details.as_ref().is_none_or(|d| d.name.is_empty())

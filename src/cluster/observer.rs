@@ -93,9 +93,6 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
     .boxed();
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
-    // The newest resourceVersion the cache has taken in: it reflects the
-    // cluster at least as of then (watch events arrive in order).
-    let (mut revision, mut listing_revision) = (None, None);
     let mut synced = false;
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,7 +102,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
         let event = tokio::select! {
             e = events.next() => e,
             _ = resync.tick(), if synced => {
-                pass(&client, claimed, &nodes, revision, None, settings).await;
+                pass(&client, claimed, &nodes, None, settings).await;
                 continue;
             }
         };
@@ -124,57 +121,41 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
             }
         };
         match event {
-            Event::Init => {
-                listing.clear();
-                listing_revision = None;
-            }
+            Event::Init => listing.clear(),
             Event::InitApply(n) => {
-                listing_revision = newest(listing_revision, &n.metadata);
                 if let Some((name, uid)) = name_uid(&n.metadata) {
                     listing.insert(name, uid);
                 }
             }
             Event::InitDone => {
                 nodes = std::mem::take(&mut listing);
-                revision = revision.max(listing_revision);
                 synced = true;
                 tracing::info!(
                     "Node cache synced ({} Nodes); reconciling every record",
                     nodes.len()
                 );
-                pass(&client, claimed, &nodes, revision, None, settings).await;
+                pass(&client, claimed, &nodes, None, settings).await;
             }
             Event::Apply(n) => {
-                revision = newest(revision, &n.metadata);
                 let Some((name, uid)) = name_uid(&n.metadata) else {
                     continue;
                 };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
-                    pass(&client, claimed, &nodes, revision, Some(&name), settings).await;
+                    pass(&client, claimed, &nodes, Some(&name), settings).await;
                 }
             }
             Event::Delete(n) => {
-                revision = newest(revision, &n.metadata);
                 let Some((name, _)) = name_uid(&n.metadata) else {
                     continue;
                 };
                 nodes.remove(&name);
                 if synced {
-                    pass(&client, claimed, &nodes, revision, Some(&name), settings).await;
+                    pass(&client, claimed, &nodes, Some(&name), settings).await;
                 }
             }
         }
     }
-}
-
-/// The later of `revision` and the object's resourceVersion (when numeric).
-fn newest(
-    revision: Option<u64>,
-    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<u64> {
-    let this = m.resource_version.as_deref().and_then(|v| v.parse().ok());
-    revision.max(this)
 }
 
 /// One reconciliation of every record, or of the one for Node `key`;
@@ -184,7 +165,6 @@ async fn pass(
     client: &Client,
     claimed: Option<&Claimed>,
     nodes: &Nodes,
-    revision: Option<u64>,
     key: Option<&str>,
     settings: &Settings,
 ) {
@@ -200,7 +180,7 @@ async fn pass(
             }
             result
         }
-        None => orphans::clean(client, nodes, revision, key).await,
+        None => orphans::clean(client, nodes, key).await,
     };
     let what = match claimed {
         Some(c) => format!("ConfigMap {}", c.cm),

@@ -7,11 +7,11 @@
 //! UID of its `kind: Node` ownerReference is not the Node's current UID.
 //!
 //! Two guards keep a live record safe:
-//! - The judgement uses the Node watch cache only when that cache is at
-//!   least as new as the record (its resourceVersion); a record written
-//!   after the cache's last event is judged against a fresh read of its one
-//!   Node instead, so a broker of a Node the cache has not seen yet keeps
-//!   its record.
+//! - The Node watch cache only picks candidates. Each is judged again
+//!   against a fresh read of its one Node, which is newer than the record
+//!   listed before it (resourceVersions of different resources are not
+//!   compared: the API calls them opaque). So the record of a Node the cache
+//!   has not seen yet is kept, and the cost stays one read per stale record.
 //! - The delete carries `uid` and `resourceVersion` preconditions: those of
 //!   the object judged. A record re-created meanwhile (new uid) or
 //!   re-applied in place (same uid, new resourceVersion) by the new Node's
@@ -20,6 +20,7 @@
 //! Records are listed as metadata only, in pages, so 10,000 records cost a
 //! few MiB, and requests beyond the list grow with the stale records alone.
 
+use super::broker::{no_resource, records_untyped};
 use super::reconcile::{node_now, Nodes, Outcome};
 use super::record::{owner_uid, NodeRailRecord};
 use super::{code, ClusterError};
@@ -55,11 +56,6 @@ impl RecordMeta {
         })
     }
 
-    /// The resourceVersion as a number, where the server's is one (etcd's
-    /// are; an opaque one is never taken as older than the cache).
-    fn revision(&self) -> Option<u64> {
-        self.resource_version.parse().ok()
-    }
 }
 
 /// Why `record` is stale given `nodes`, or `None` when it is current.
@@ -76,12 +72,6 @@ pub fn why_stale(record: &RecordMeta, nodes: &Nodes) -> Option<String> {
     }
 }
 
-/// Whether the Node cache, last updated at `cache_revision`, is at least as
-/// new as `record`, so judging the record by it is sound.
-pub fn cache_covers(record: &RecordMeta, cache_revision: Option<u64>) -> bool {
-    matches!((record.revision(), cache_revision), (Some(r), Some(c)) if r <= c)
-}
-
 /// Every record's metadata, page by page (RBAC: `list` on noderailrecords).
 /// `only` narrows the list to one name (a field selector).
 pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>, ClusterError> {
@@ -95,22 +85,34 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
         None => "LIST NodeRailRecords".to_string(),
     };
     let mut out = Vec::new();
+    let mut restarted = false;
     loop {
-        let page = api
-            .list_metadata(&params)
-            .await
-            .map_err(|e| match code(&e) {
-                Some(404) => ClusterError::NoCrd {
-                    what: what(),
-                    message: e.to_string(),
-                },
-                Some(403) => ClusterError::Forbidden {
-                    what: what(),
-                    needs: "`list` on noderailrecords".into(),
-                    message: e.to_string(),
-                },
-                _ => ClusterError::api(what(), e),
-            })?;
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => page,
+            // The continue token outlived the server's history (a compaction
+            // during a long list): start over once from a fresh list.
+            Err(e) if code(&e) == Some(410) && params.continue_token.is_some() && !restarted => {
+                tracing::info!("{}: the list expired mid-way ({e}); listing again from the start", what());
+                restarted = true;
+                out.clear();
+                params.continue_token = None;
+                continue;
+            }
+            Err(e) => {
+                return Err(match code(&e) {
+                    Some(404) if no_resource(&e) => ClusterError::NoCrd {
+                        what: what(),
+                        message: e.to_string(),
+                    },
+                    Some(403) => ClusterError::Forbidden {
+                        what: what(),
+                        needs: "`list` on noderailrecords".into(),
+                        message: e.to_string(),
+                    },
+                    _ => ClusterError::api(what(), e),
+                })
+            }
+        };
         out.extend(page.items.iter().filter_map(|o| RecordMeta::from_meta(&o.metadata)));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -120,33 +122,23 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
 }
 
 /// Deletes the stale NodeRailRecords: every record, or only the one named
-/// `only`. `nodes` is the watch cache as of `cache_revision`.
-pub async fn clean(
-    client: &Client,
-    nodes: &Nodes,
-    cache_revision: Option<u64>,
-    only: Option<&str>,
-) -> Result<Outcome, ClusterError> {
-    let api: Api<NodeRailRecord> = Api::all(client.clone());
+/// `only`. `nodes` is the watch cache, which picks the candidates.
+pub async fn clean(client: &Client, nodes: &Nodes, only: Option<&str>) -> Result<Outcome, ClusterError> {
+    // Untyped: a stored record of another format version must not fail the
+    // delete's answer after the server has done it.
+    let api = records_untyped(client);
     let mut out = Outcome::default();
     for record in list(client, only).await? {
-        let Some(mut why) = why_stale(&record, nodes) else {
+        if why_stale(&record, nodes).is_none() {
+            continue;
+        }
+        let Some(why) = why_stale(&record, &node_now(client, &record.name).await?) else {
+            tracing::debug!(
+                "NodeRailRecord {}: stale by the Node cache, current by a fresh read of its Node; kept",
+                record.name
+            );
             continue;
         };
-        if !cache_covers(&record, cache_revision) {
-            // Written after the cache's last event: its Node may be newer
-            // than the cache. Judge it by the Node as it is now.
-            match why_stale(&record, &node_now(client, &record.name).await?) {
-                Some(w) => why = w,
-                None => {
-                    tracing::debug!(
-                        "NodeRailRecord {}: newer than the Node cache, and its Node is current; kept",
-                        record.name
-                    );
-                    continue;
-                }
-            }
-        }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(record.uid.clone()),
@@ -154,10 +146,17 @@ pub async fn clean(
             }),
             ..Default::default()
         };
+        let what = || format!("DELETE NodeRailRecord {}", record.name);
         match api.delete(&record.name, &params).await {
             Ok(_) => {
                 tracing::info!("deleted NodeRailRecord {}: {why}", record.name);
                 out.removed.push(record.name);
+            }
+            Err(e) if code(&e) == Some(404) && no_resource(&e) => {
+                return Err(ClusterError::NoCrd {
+                    what: what(),
+                    message: e.to_string(),
+                })
             }
             // A precondition failed (re-created or re-applied since the
             // list), or it is gone already (the garbage collector was first).
@@ -170,17 +169,12 @@ pub async fn clean(
             }
             Err(e) if code(&e) == Some(403) => {
                 return Err(ClusterError::Forbidden {
-                    what: format!("DELETE NodeRailRecord {}", record.name),
+                    what: what(),
                     needs: "`delete` on noderailrecords".into(),
                     message: e.to_string(),
                 })
             }
-            Err(e) => {
-                return Err(ClusterError::api(
-                    format!("DELETE NodeRailRecord {}", record.name),
-                    e,
-                ))
-            }
+            Err(e) => return Err(ClusterError::api(what(), e)),
         }
     }
     Ok(out)
@@ -214,15 +208,5 @@ mod tests {
         assert!(reused.contains("u-old") && reused.contains("u-new"), "{reused}");
         // Without a Node owner, a record is still stale once its Node is gone.
         assert!(why_stale(&rec("gone", None, "1"), &nodes).is_some());
-    }
-
-    #[test]
-    fn only_a_cache_at_least_as_new_as_the_record_judges_it() {
-        assert!(cache_covers(&rec("a", None, "10"), Some(10)));
-        assert!(cache_covers(&rec("a", None, "9"), Some(10)));
-        assert!(!cache_covers(&rec("a", None, "11"), Some(10)));
-        assert!(!cache_covers(&rec("a", None, "10"), None));
-        // An opaque resourceVersion is never taken as covered.
-        assert!(!cache_covers(&rec("a", None, "abc"), Some(u64::MAX)));
     }
 }

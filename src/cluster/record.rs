@@ -27,6 +27,10 @@ pub const GPUS_LABEL: &str = "nodefabric.gpustack.ai/gpus";
 /// The label carrying the record's rail count (the `Rails` printer column).
 pub const RAILS_LABEL: &str = "nodefabric.gpustack.ai/rails";
 
+/// The label carrying the record's rail source, for `kubectl get -l`
+/// (a label, not a selectable field: those need Kubernetes 1.31).
+pub const SOURCE_LABEL: &str = "nodefabric.gpustack.ai/rail-source";
+
 /// The node's rail record: the same JSON `nodefabric rails` prints and the
 /// shared ConfigMap holds under the node's key (version, nodeUID,
 /// railSource, nics, gpus).
@@ -42,12 +46,16 @@ pub const RAILS_LABEL: &str = "nodefabric.gpustack.ai/rails";
     shortname = "nrr",
     category = "nodefabric",
     doc = "One node's GPU-to-NIC rail record: for every GPU and every network rail, the NICs tied at the closest PCIe path class. Named after its Node, owned by it; written by the node's nodefabric broker.",
-    selectable = ".spec.railSource",
-    printcolumn(name = "GPUs", type_ = "integer", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/gpus", description = "GPUs in the record"),
-    printcolumn(name = "Rails", type_ = "integer", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/rails", description = "distinct network rails"),
+    // Label values are strings: an integer column would print <none>.
+    printcolumn(name = "GPUs", type_ = "string", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/gpus", description = "GPUs in the record"),
+    printcolumn(name = "Rails", type_ = "string", json_path = ".metadata.labels.nodefabric\\.gpustack\\.ai/rails", description = "distinct network rails"),
     printcolumn(name = "Source", type_ = "string", json_path = ".spec.railSource", description = "where rails came from: host-lldp or interface-name"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
+// Atomic for server-side apply: the broker owns the whole spec, so its
+// forced apply replaces every field of it, including NIC keys a hand edit
+// added (in a granular map those would stay, owned by the editor).
+#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct NodeRailRecordSpec {
     /// The rail record, its keys at the top of the spec.
     #[serde(flatten)]
@@ -81,6 +89,7 @@ pub fn object(node: &str, node_uid: &str, record: &RailRecord) -> serde_json::Va
                 "app.kubernetes.io/managed-by": "nodefabric",
                 GPUS_LABEL: record.gpus.len().to_string(),
                 RAILS_LABEL: rail_count(record).to_string(),
+                SOURCE_LABEL: record.rail_source,
             },
             // Not a controller reference and no blockOwnerDeletion: the Node
             // does not manage the record, it only bounds its life.
@@ -125,8 +134,31 @@ mod tests {
         for key in ["version", "nodeUID", "railSource", "nics", "gpus"] {
             assert!(spec["properties"].get(key).is_some(), "spec.{key} missing: {spec}");
         }
-        // A structural schema (what the API server requires) has no $ref.
+        // A structural schema (what the API server requires) has no $ref,
+        // and every node names its type, with no anyOf/oneOf carrying types.
         assert!(!crd.to_string().contains("$ref"), "{crd}");
+        fn structural(path: &str, node: &serde_json::Value) {
+            assert!(node.get("type").is_some(), "{path} has no type: {node}");
+            for k in ["anyOf", "oneOf", "allOf"] {
+                assert!(node.get(k).is_none(), "{path} has {k}");
+            }
+            for (name, child) in node.get("properties").and_then(|p| p.as_object()).into_iter().flatten() {
+                structural(&format!("{path}.{name}"), child);
+            }
+            for k in ["items", "additionalProperties"] {
+                if let Some(child) = node.get(k).filter(|c| c.is_object()) {
+                    structural(&format!("{path}[{k}]"), child);
+                }
+            }
+        }
+        structural("", &v["schema"]["openAPIV3Schema"]);
+        assert_eq!(spec["x-kubernetes-map-type"], "atomic", "the broker owns the whole spec");
+        // Printer columns over labels are strings (an integer column shows <none> for a string).
+        for c in v["additionalPrinterColumns"].as_array().unwrap() {
+            if c["jsonPath"].as_str().unwrap().starts_with(".metadata.labels") {
+                assert_eq!(c["type"], "string", "{c}");
+            }
+        }
     }
 
     #[test]
@@ -144,6 +176,7 @@ mod tests {
         assert_eq!(rail_count(&r), 2);
         let o = object("n1", "u-1", &r);
         assert_eq!(o["metadata"]["labels"][RAILS_LABEL], "2");
+        assert_eq!(o["metadata"]["labels"][SOURCE_LABEL], "host-lldp");
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u-1");
         assert_eq!(o["spec"]["nodeUID"], "u");
     }

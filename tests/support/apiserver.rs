@@ -78,6 +78,8 @@ pub enum Action {
 struct Fault {
     method: Method,
     path: String,
+    /// Only a request whose query contains this (e.g. `continue=`).
+    query: Option<String>,
     action: Action,
 }
 
@@ -439,10 +441,16 @@ impl ApiServer {
 
     /// Answers the next `method` request on `path` with `action`.
     pub fn fault(&self, method: &str, path: &str, action: Action) {
+        self.fault_where(method, path, None, action)
+    }
+
+    /// As [`ApiServer::fault`], for a request whose query contains `query`.
+    pub fn fault_where(&self, method: &str, path: &str, query: Option<&str>, action: Action) {
         self.with(|s| {
             s.faults.push(Fault {
                 method: method.parse().unwrap(),
                 path: path.to_string(),
+                query: query.map(str::to_string),
                 action,
             })
         });
@@ -497,6 +505,13 @@ fn not_found(resource: &str, name: &str) -> (u16, Value) {
 }
 
 fn reply(code: u16, body: &Value) -> Response<Body> {
+    // A bare string is a plain-text answer (an unknown path's 404).
+    if let Value::String(text) = body {
+        let mut r = Response::new(Full::new(Bytes::from(text.clone())).boxed());
+        *r.status_mut() = StatusCode::from_u16(code).unwrap();
+        r.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().unwrap());
+        return r;
+    }
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
     let mut r = Response::new(Full::new(bytes).boxed());
     *r.status_mut() = StatusCode::from_u16(code).unwrap();
@@ -680,14 +695,16 @@ async fn serve(
         let at = s
             .faults
             .iter()
-            .position(|f| f.method == method && f.path == path);
+            .position(|f| f.method == method && f.path == path && f.query.as_deref().is_none_or(|q| query.contains(q)));
         let injected = at.map(|i| s.faults.remove(i)).and_then(|f| match f.action {
-            Action::Respond(code) => Some(Err(Some(status(
-                code,
-                "InternalError",
-                &format!("injected failure {code}"),
-                Value::Null,
-            )))),
+            Action::Respond(code) => {
+                let reason = match code {
+                    403 => "Forbidden",
+                    410 => "Expired",
+                    _ => "InternalError",
+                };
+                Some(Err(Some(status(code, reason, &format!("injected failure {code}"), Value::Null))))
+            }
             Action::Raw(code, body) => Some(Ok((code, body))),
             Action::Hang => Some(Err(None)),
             Action::Before(change) => {
@@ -794,13 +811,9 @@ fn route(
         (_, ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS, ..]) if s.crd.is_some() => {
             records(s, method.as_str(), &seg[4..], query, content_type, body, partial)
         }
-        // A resource the server does not serve (the CRD not installed): 404 whatever the method.
-        (_, ["apis", "nodefabric.gpustack.ai", ..]) => status(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-            Value::Null,
-        ),
+        // A group the server does not serve (the CRD not installed): its
+        // NotFound handler answers any method in plain text, not a Status.
+        (_, ["apis", "nodefabric.gpustack.ai", ..]) => (404, Value::String("404 page not found\n".into())),
         (m, _) if !["GET", "POST", "PATCH"].contains(&m) => status(
             405,
             "MethodNotAllowed",
@@ -1253,7 +1266,14 @@ fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u
             }
             let mut o = c.clone();
             if let Some(spec) = applied.get("spec") {
-                o["spec"] = spec.clone();
+                let atomic = s.crd.as_ref().unwrap().schema["properties"]["spec"]["x-kubernetes-map-type"] == "atomic";
+                if atomic {
+                    // The applier owns the whole spec: it replaces it.
+                    o["spec"] = spec.clone();
+                } else {
+                    // A granular spec: keys other managers set stay theirs.
+                    json_patch::merge(&mut o["spec"], spec);
+                }
             }
             // Labels: this manager's earlier keys go, its applied keys are set, others' stay.
             let mut labels = c["metadata"]["labels"].as_object().cloned().unwrap_or_default();
@@ -1277,8 +1297,34 @@ fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u
         applied["metadata"]["labels"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default(),
     );
     let created = s.record(name).is_none();
+    next["metadata"]["managedFields"] = managed_fields(&own, &next);
     s.owners.insert(name.to_string(), own);
     store_record(s, name, next, created)
+}
+
+/// `metadata.managedFields` as the server records them (FieldsV1), at the
+/// granularity the stand-in tracks: each applier's labels and owner
+/// references, and the spec under its last writer.
+fn managed_fields(own: &Ownership, obj: &Value) -> Value {
+    let mut entries = Vec::new();
+    let refs: serde_json::Map<String, Value> = obj["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| (format!("k:{{\"uid\":\"{}\"}}", r["uid"].as_str().unwrap_or("")), json!({})))
+        .collect();
+    for (manager, labels) in &own.labels {
+        let labels: serde_json::Map<String, Value> = labels.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+        let mut fields = json!({"f:metadata": {"f:labels": labels, "f:ownerReferences": refs}});
+        if own.spec == *manager {
+            fields["f:spec"] = json!({});
+        }
+        entries.push(json!({"manager": manager, "operation": "Apply", "apiVersion": RECORDS_API, "time": "2026-03-01T12:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}));
+    }
+    if !own.spec.is_empty() && !own.labels.contains_key(&own.spec) {
+        entries.push(json!({"manager": own.spec, "operation": "Update", "apiVersion": RECORDS_API, "time": "2026-03-01T12:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}));
+    }
+    Value::Array(entries)
 }
 
 /// A merge patch (as `kubectl edit` sends), making `manager` the spec's owner.
@@ -1301,6 +1347,7 @@ fn patch_record(s: &mut State, name: &str, manager: &str, content_type: &str, bo
     if next["spec"] != current["spec"] {
         s.owners.entry(name.to_string()).or_default().spec = manager.to_string();
     }
+    next["metadata"]["managedFields"] = managed_fields(&s.owners.get(name).cloned().unwrap_or_default(), &next);
     store_record(s, name, next, false)
 }
 
