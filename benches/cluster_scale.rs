@@ -255,7 +255,10 @@ fn main() {
     let mut resyncs = Vec::new();
     for stale in STALE {
         eprintln!("observer resync, {stale} stale of {OBSERVED}");
-        resyncs.push(resync(&base, stale, dir));
+        // The median of three runs by time (requests are the same each run).
+        let mut runs: Vec<Resync> = (0..3).map(|_| resync(&base, stale, dir)).collect();
+        runs.sort_by_key(|r| r.ready);
+        resyncs.push(runs.swap_remove(1));
     }
     let kinds: std::collections::BTreeSet<String> = resyncs.iter().flat_map(|r| r.requests.keys().cloned()).collect();
     let mut resync_rows = vec![format!(
@@ -281,11 +284,10 @@ fn main() {
          (N events of up to 1 MiB each), the NodeRailRecord watcher one object per change:\n\n\
          | nodes | watch of the shared ConfigMap | watch of NodeRailRecords | ratio | one NodeRailRecord |\n|---|---|---|---|---|\n{}\n\n\
          The Node Observer (`observe --rails-record custom-resource`, release binary) from start to ready (its \
-         first full pass over {OBSERVED} Nodes and {OBSERVED} NodeRailRecords done), by how many records are stale \
-         (owned by an earlier Node of the same name). Record lists are paged (500 a page) and of metadata only \
-         (the in-test server answers the Node list in one page; a real one in 500-Node pages); the \
-         records were written after the Nodes, so each stale one is judged by a fresh read of its Node before its \
-         delete:\n\n{}\n",
+         first full pass over {OBSERVED} Nodes and {OBSERVED} NodeRailRecords done; median of three runs), by how \
+         many records are stale (owned by an earlier Node of the same name). Record lists are paged (500 a page) and of metadata only \
+         (the in-test server answers the Node list in one page; a real one in 500-Node pages); each \
+         record the Node cache finds stale is judged again by a fresh read of its Node before its delete:\n\n{}\n",
         rows.join("\n"),
         resync_rows.join("\n")
     );

@@ -1,6 +1,6 @@
 //! The second form of the cluster-wide rail record: one cluster-scoped
 //! `NodeRailRecord` per node, named after the node, for clusters past the
-//! shared ConfigMap's 1 MiB (about 250 eight-GPU nodes).
+//! shared ConfigMap's 1 MiB (about 370 nodes of 8 GPUs and 4 rails).
 //!
 //! The custom resource's spec is the very record `nodefabric rails` prints
 //! (format version, nodeUID, railSource, nics, gpus), and its CRD is derived
