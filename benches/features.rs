@@ -97,6 +97,12 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("--plain") {
         return plain(Path::new(&args[2]), Path::new(&args[3]));
     }
+    // `--tree DIR N`: only write the N-endpoint tree, for profiling by hand
+    // (`strace -c -f nodefabric features --sysfs-root DIR`).
+    if args.get(1).map(String::as_str) == Some("--tree") {
+        fixtures::large(Path::new(&args[2]), args[3].parse().expect("endpoint count"));
+        return;
+    }
     let mut rows = Vec::new();
     let mut medians = Vec::new();
     for endpoints in [8u32, 512, 8192] {
