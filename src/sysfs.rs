@@ -197,8 +197,11 @@ impl SysRoot {
     }
 
     /// Records every symlink and directory on the way from the root to `rel`,
-    /// the way the kernel would walk it, up to where the walk stops.
-    fn note_chain(&self, rel: &str) {
+    /// the way the kernel would walk it, up to where the walk stops. A walk
+    /// that reaches the end gives where it landed (relative to the root,
+    /// and inside it: a climb above the root stops the walk), so a capture
+    /// walks each path once; `None` leaves the error to the resolving walk.
+    fn note_chain(&self, rel: &str) -> Option<PathBuf> {
         let mut pending: Vec<PathBuf> = Path::new(rel.trim_start_matches('/'))
             .components()
             .rev()
@@ -213,31 +216,32 @@ impl SysRoot {
                 Some(".") => continue,
                 Some("..") => {
                     if !cur.pop() {
-                        return; // above the root: an escape
+                        return None; // above the root: an escape
                     }
                     continue;
                 }
                 _ => {}
             }
             let next = cur.join(&c);
-            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return };
+            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return None };
             if meta.file_type().is_symlink() {
-                let Ok(target) = fs::read_link(self.root.join(&next)) else { return };
+                let Ok(target) = fs::read_link(self.root.join(&next)) else { return None };
                 self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
                 hops += 1;
                 if target.is_absolute() || hops > 40 {
-                    return;
+                    return None;
                 }
                 pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
             } else {
                 if meta.is_dir() {
                     self.note(&next, Entry::Dir);
                 } else if !pending.is_empty() {
-                    return; // a file in the middle of a path: ENOTDIR
+                    return None; // a file in the middle of a path: ENOTDIR
                 }
                 cur = next;
             }
         }
+        Some(cur)
     }
 
     /// `abs` (inside the root, as [`Self::resolve_abs`] returns it) relative to the root.
@@ -270,8 +274,10 @@ impl SysRoot {
     /// capture records the links and folders on the way.
     fn resolve_abs(&self, rel: &str) -> Result<PathBuf, SysError> {
         if self.recording_on() {
-            self.note_chain(rel);
-            return self.resolve_walk(rel);
+            return match self.note_chain(rel) {
+                Some(landed) => Ok(self.root.join(landed)),
+                None => self.resolve_walk(rel),
+            };
         }
         self.resolve_cached(rel)
     }
@@ -303,7 +309,7 @@ impl SysRoot {
     fn resolve_hops(&self, rel: &str, hops: u32, parent: bool) -> Result<String, Option<std::io::Error>> {
         let rel_t = rel.trim_start_matches('/');
         if let Some(hit) = self.folders.lock().expect("folder cache lock").get(rel_t) {
-            return Ok(hit.clone());
+            return Ok(if hit.is_empty() { rel_t.to_string() } else { hit.clone() });
         }
         let (folder, name) = match rel_t.rsplit_once('/') {
             Some((p, n)) => (Some(p), n),
@@ -327,23 +333,24 @@ impl SysRoot {
             Err(e) if hops == 0 && e.kind() == std::io::ErrorKind::NotFound => return Err(Some(e)),
             Err(_) => return Err(None),
         };
+        // The text as sysfs writes it: `../` climbs, then plain names. Anything
+        // else (absolute, `.`, `..` or an empty name after a name, bytes that
+        // are not UTF-8) is the full walk's to resolve.
+        let Some(text) = text.to_str() else { return Err(None) };
         let mut base = dir;
-        let mut rest: Vec<&str> = Vec::new();
-        for c in text.components() {
-            match c {
-                Component::ParentDir if rest.is_empty() => {
-                    // Climbing above the root is an escape: the walk names it.
-                    if base.is_empty() {
-                        return Err(None);
-                    }
-                    base.truncate(base.rfind('/').unwrap_or(0));
-                }
-                Component::Normal(n) => rest.push(n.to_str().ok_or(None)?),
-                // Absolute targets, `.` and `..` after a name: the full walk.
-                _ => return Err(None),
+        let mut rest = text;
+        while let Some(r) = rest.strip_prefix("../") {
+            // Climbing above the root is an escape: the walk names it.
+            if base.is_empty() {
+                return Err(None);
             }
+            base.truncate(base.rfind('/').unwrap_or(0));
+            rest = r;
         }
-        let target = join(&base, &rest.join("/"));
+        if rest.is_empty() || rest.split('/').any(|n| n.is_empty() || n == "." || n == "..") {
+            return Err(None);
+        }
+        let target = join(&base, rest);
         // A target that does not resolve is a dangling link: the walk says so.
         let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
         if parent {
@@ -378,7 +385,27 @@ impl SysRoot {
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
     fn remember(&self, rel: &str, canonical: &str) {
-        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), canonical.to_string());
+        // A canonical path maps to itself, stored as "" (the root is never
+        // a key): one string per entry, not two.
+        let value = if rel == canonical { String::new() } else { canonical.to_string() };
+        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), value);
+    }
+
+    /// Remembers `rel` as canonical (see [`Self::remember`]).
+    fn remember_canonical(&self, rel: &str) {
+        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), String::new());
+    }
+
+    /// True when the folder holding `rel` is known, from this pass, to be
+    /// canonical: no link on the way to it, and inside the root. Then the
+    /// kernel need not follow `rel`'s last name to confine it, and a name
+    /// missing there is the answer at once, since nothing on the way can
+    /// dangle.
+    fn in_canonical_folder(&self, rel: &str) -> bool {
+        match rel.rsplit_once('/') {
+            None => true,
+            Some((folder, _)) => self.folders.lock().expect("folder cache lock").get(folder).is_some_and(|v| v.is_empty()),
+        }
     }
 
     /// Resolves `rel` by walking its whole symlink chain, then checks that
@@ -435,7 +462,18 @@ impl SysRoot {
         // missing file, an escape, a dangling link) is asked again the long
         // way, which names the fault exactly as before.
         let beneath = match (&self.beneath, self.recording_on()) {
-            (Some(fd), false) => openat2_beneath(fd, rel.trim_start_matches('/')),
+            (Some(fd), false) => {
+                let rel_t = rel.trim_start_matches('/');
+                // In a folder known canonical the last name is not followed
+                // (sysfs attributes are files): a missing one is then the
+                // answer at once, and a link (ELOOP) goes the long way.
+                let settled = self.in_canonical_folder(rel_t);
+                match openat2_raw(fd, rel_t, libc::O_NONBLOCK | libc::O_NOCTTY | if settled { libc::O_NOFOLLOW } else { 0 }) {
+                    Ok(f) => Some(f),
+                    Err(e) if settled && e.kind() == std::io::ErrorKind::NotFound => return Err(io(e)),
+                    Err(_) => None,
+                }
+            }
             _ => None,
         };
         let (file, abs) = match beneath {
@@ -497,9 +535,28 @@ impl SysRoot {
         // As for reads: the kernel resolves and confines in one call, and
         // any refusal is asked again the long way, which names the fault.
         if let (Some(fd), false) = (&self.beneath, self.recording_on()) {
-            if let Some(mut names) = list_beneath(fd, rel.trim_start_matches('/')) {
-                names.sort();
-                return Ok(names);
+            let rel_t = rel.trim_start_matches('/');
+            // As for reads: in a folder known canonical, the last name is
+            // not followed, and a missing one is the answer at once.
+            let settled = !rel_t.is_empty() && self.in_canonical_folder(rel_t);
+            match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }) {
+                Ok(entries) => {
+                    let mut names = Vec::with_capacity(entries.len());
+                    for (name, is_dir) in entries {
+                        // A folder under a canonical folder is canonical:
+                        // remembered, so a link to it resolves with no call.
+                        if settled && is_dir {
+                            self.remember_canonical(&join(rel_t, &name));
+                        }
+                        names.push(name);
+                    }
+                    names.sort();
+                    return Ok(names);
+                }
+                Err(e) if settled && e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(SysError::Io { path: rel.to_string(), cause: e });
+                }
+                Err(_) => {}
             }
         }
         let abs = self.resolve_abs(rel)?;
@@ -586,48 +643,55 @@ fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The entry names of the folder `rel` beneath `dir`, opened as
-/// [`openat2_beneath`] opens a file; `None` on any refusal or failure.
-fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str) -> Option<Vec<String>> {
+/// The entries of the folder `rel` beneath `dir`, opened as
+/// [`openat2_raw`] opens a file (with `flags` added), each with whether
+/// it is a folder (not a link to one).
+fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<(String, bool)>> {
     use std::os::fd::AsRawFd;
-    let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK).ok()?;
+    let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK | flags)?;
     // getdents64(2) straight into a buffer: `opendir` would add an fstat
-    // and an fcntl to every listing, a third of its cost here.
-    // On the stack and left unwritten: a heap buffer per listing (and
-    // zeroing it) cost more than the listing. Only what the kernel wrote
-    // is read.
+    // and an fcntl to every listing, a third of its cost here. On the
+    // stack and left unwritten: a heap buffer per listing (and zeroing it)
+    // cost more than the listing. Only what the kernel wrote is read.
     let mut space = [std::mem::MaybeUninit::<u8>::uninit(); 8 * 1024];
     let mut names = Vec::new();
     loop {
         // SAFETY: an open directory fd and a writable buffer of the length given.
         let n = unsafe { libc::syscall(libc::SYS_getdents64, folder.as_raw_fd(), space.as_mut_ptr(), space.len()) };
         if n < 0 {
-            return None;
+            return Err(std::io::Error::last_os_error());
         }
         if n == 0 {
-            return Some(names);
+            return Ok(names);
         }
         // SAFETY: the kernel initialised the first `n` bytes.
         let buf = unsafe { std::slice::from_raw_parts(space.as_ptr().cast::<u8>(), n as usize) };
         // Each record: d_ino u64, d_off i64, d_reclen u16, d_type u8, then
         // the NUL-terminated name, padded to d_reclen.
         let mut at = 0usize;
-        while at < n as usize {
+        while at < buf.len() {
             let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
-            if reclen < 20 || at + reclen > n as usize {
-                return None; // not what the kernel writes: ask the long way
+            if reclen < 20 || at + reclen > buf.len() {
+                // Not what the kernel writes: ask the long way.
+                return Err(std::io::Error::from(std::io::ErrorKind::InvalidData));
             }
+            let kind = buf[at + 18];
             let raw = &buf[at + 19..at + reclen];
             let name = &raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())];
             if name != b"." && name != b".." {
-                names.push(String::from_utf8_lossy(name).into_owned());
+                // A name that is not UTF-8 is listed as best it can be, and
+                // never taken as a path to remember.
+                match std::str::from_utf8(name) {
+                    Ok(n) => names.push((n.to_string(), kind == libc::DT_DIR)),
+                    Err(_) => names.push((String::from_utf8_lossy(name).into_owned(), false)),
+                }
             }
             at += reclen;
         }
     }
 }
 
-/// Opens `root` as a directory handle for [`openat2_beneath`].
+/// Opens `root` as a directory handle for [`openat2_raw`].
 fn open_dir(root: &Path) -> Option<std::os::fd::OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root).ok()?;
@@ -638,13 +702,6 @@ fn open_dir(root: &Path) -> Option<std::os::fd::OwnedFd> {
 /// a container's seccomp filter may say EPERM; both keep the resolving path.
 fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
     openat2_raw(dir, ".", libc::O_DIRECTORY).is_ok()
-}
-
-/// Opens `rel` beneath `dir` for reading, never blocking, with the kernel
-/// resolving every link and refusing any walk that leaves `dir` (or uses
-/// a `/proc` magic link). `None` on any refusal.
-fn openat2_beneath(dir: &std::os::fd::OwnedFd, rel: &str) -> Option<fs::File> {
-    openat2_raw(dir, rel, libc::O_NONBLOCK | libc::O_NOCTTY).ok()
 }
 
 /// Calls `f` with `rel` as a NUL-terminated C string, built on the stack
@@ -659,6 +716,9 @@ fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<
     f(&std::ffi::CString::new(rel).map_err(|_| invalid())?)
 }
 
+/// Opens `rel` beneath `dir` read-only with `flags` added, the kernel
+/// resolving every link and refusing any walk that leaves `dir` (or uses a
+/// `/proc` magic link).
 fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
     with_c_path(rel, |path| openat2_c(dir, path, flags))
 }
