@@ -161,7 +161,10 @@ impl SysRoot {
         })?;
         let handle = open_dir(&canonical).map(Arc::new);
         let beneath = handle.clone().filter(|fd| openat2_works(fd));
-        Ok(SysRoot { root: canonical, recorder: None, folders: Arc::default(), beneath, handle })
+        // Sized for a large node's device folders, so the cache seldom grows
+        // (each growth hashes every path again).
+        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(4096, BuildPathHash)));
+        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -464,13 +467,16 @@ impl SysRoot {
         let beneath = match (&self.beneath, self.recording_on()) {
             (Some(fd), false) => {
                 let rel_t = rel.trim_start_matches('/');
-                // In a folder known canonical the last name is not followed
-                // (sysfs attributes are files): a missing one is then the
-                // answer at once, and a link (ELOOP) goes the long way.
-                let settled = self.in_canonical_folder(rel_t);
-                match openat2_raw(fd, rel_t, libc::O_NONBLOCK | libc::O_NOCTTY | if settled { libc::O_NOFOLLOW } else { 0 }) {
+                let flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+                // The last name is not followed at first (sysfs attributes
+                // are files, not links). Then a name missing from a folder
+                // known canonical is the answer at once: nothing on the way
+                // can dangle. A last name that is a link (ELOOP) is followed
+                // in a second call.
+                match openat2_raw(fd, rel_t, flags | libc::O_NOFOLLOW) {
                     Ok(f) => Some(f),
-                    Err(e) if settled && e.kind() == std::io::ErrorKind::NotFound => return Err(io(e)),
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => openat2_raw(fd, rel_t, flags).ok(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.in_canonical_folder(rel_t) => return Err(io(e)),
                     Err(_) => None,
                 }
             }
