@@ -544,7 +544,8 @@ impl SysRoot {
             let rel_t = rel.trim_start_matches('/');
             // As for reads: in a folder known canonical, the last name is
             // not followed, and a missing one is the answer at once.
-            let settled = !rel_t.is_empty() && self.in_canonical_folder(rel_t);
+            let last = rel_t.rsplit('/').next().unwrap_or("");
+            let settled = !matches!(last, "" | "." | "..") && self.in_canonical_folder(rel_t);
             match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }) {
                 Ok(entries) => {
                     let mut names = Vec::with_capacity(entries.len());
@@ -840,6 +841,10 @@ mod tests {
         assert!(matches!(root.list("class/evil"), Err(SysError::Escapes { .. })));
         assert!(matches!(root.list("class/gone"), Err(SysError::Dangling { .. })));
         assert!(root.list("class/none").unwrap_err().is_not_found());
+        // Listed from a canonical folder, a climb back up is still a listing
+        // of the folder it lands in, and nothing under it is taken as canonical.
+        assert_eq!(root.list("devices/dev0/ports/..").unwrap(), ["ports"]);
+        assert_eq!(root.resolve("devices/dev0/ports/../ports/1").unwrap(), "devices/dev0/ports/1");
         // A link asked for twice resolves the same, the second time from the cache.
         for _ in 0..2 {
             assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1");
