@@ -95,13 +95,21 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
     if accels.is_empty() {
         set.withheld.push("rdma.distance: the node has no accelerator".into());
     } else {
-        let closest = accels
-            .iter()
-            .flat_map(|a| {
-                usable_eps.iter().map(move |(ep, parent)| pci::distance(a.coordinates(), ep.coordinates(*parent)))
-            })
-            .min()
-            .unwrap_or(Distance::Unk);
+        // One walk over the endpoints, each compared with the accelerators,
+        // stopping at the first PIX: bus coordinates give nothing closer
+        // (SELF and LINK never come from them), so the rest cannot change it.
+        let mut closest: Option<Distance> = None;
+        'endpoints: for (ep, parent) in &usable_eps {
+            let at = ep.coordinates(*parent);
+            for a in &accels {
+                let d = pci::distance(a.coordinates(), at);
+                closest = Some(closest.map_or(d, |c| c.min(d)));
+                if d == Distance::Pix {
+                    break 'endpoints;
+                }
+            }
+        }
+        let closest = closest.unwrap_or(Distance::Unk);
         set.values.insert("rdma.distance".into(), closest.to_string());
     }
 

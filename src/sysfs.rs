@@ -79,15 +79,58 @@ pub struct SysRoot {
     root: PathBuf,
     /// When capturing, every entry a read touched (see [`SysRoot::recording`]).
     recorder: Option<Arc<Mutex<Recorded>>>,
-    /// Folders already resolved, by the path they were asked for: one pass
-    /// reads many attributes of each device folder, and re-walking the whole
-    /// symlink chain for each (`fs::canonicalize`) was most of its cost.
-    folders: Arc<Mutex<HashMap<String, PathBuf>>>,
+    /// Paths already resolved, by the path they were asked for, to their
+    /// canonical path under the root: one pass reads many attributes of each
+    /// device folder and follows the same links more than once, and
+    /// re-walking the symlink chain for each was most of its cost.
+    folders: Arc<Mutex<HashMap<String, String, BuildPathHash>>>,
     /// The root opened as a directory handle, for `openat2(2)` with
     /// `RESOLVE_BENEATH`: the kernel then walks an attribute's links and
     /// keeps the walk inside the root in one call. `None` where the kernel
     /// or a seccomp filter refuses it (the resolving path is used instead).
     beneath: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The root opened as a directory handle whether or not `openat2(2)`
+    /// answers: links are read relative to it, so the kernel walks only
+    /// the path under the root, not the root's own path again each time.
+    handle: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+/// A word-at-a-time hash (rustc's "Fx") for the resolution cache: its keys
+/// are sysfs paths of a hundred bytes or so, which SipHash took a visible
+/// part of a pass to hash. The paths come from the tree being read; a tree
+/// built to collide them only slows its own pass down.
+#[derive(Debug, Clone, Copy, Default)]
+struct BuildPathHash;
+
+/// The running state of [`BuildPathHash`].
+struct PathHash(u64);
+
+impl PathHash {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for PathHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        let mut tail = [0u8; 8];
+        tail[..words.remainder().len()].copy_from_slice(words.remainder());
+        self.add(u64::from_le_bytes(tail));
+    }
+}
+
+impl std::hash::BuildHasher for BuildPathHash {
+    type Hasher = PathHash;
+    fn build_hasher(&self) -> PathHash {
+        PathHash(0)
+    }
 }
 
 /// One entry of the tree as a read saw it, keyed by its path under the root.
@@ -116,8 +159,12 @@ impl SysRoot {
             path: root.display().to_string(),
             cause,
         })?;
-        let beneath = open_dir(&canonical).filter(openat2_works).map(Arc::new);
-        Ok(SysRoot { root: canonical, recorder: None, folders: Arc::default(), beneath })
+        let handle = open_dir(&canonical).map(Arc::new);
+        let beneath = handle.clone().filter(|fd| openat2_works(fd));
+        // Sized for a large node's device folders, so the cache seldom grows
+        // (each growth hashes every path again).
+        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(4096, BuildPathHash)));
+        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -153,8 +200,11 @@ impl SysRoot {
     }
 
     /// Records every symlink and directory on the way from the root to `rel`,
-    /// the way the kernel would walk it, up to where the walk stops.
-    fn note_chain(&self, rel: &str) {
+    /// the way the kernel would walk it, up to where the walk stops. A walk
+    /// that reaches the end gives where it landed (relative to the root,
+    /// and inside it: a climb above the root stops the walk), so a capture
+    /// walks each path once; `None` leaves the error to the resolving walk.
+    fn note_chain(&self, rel: &str) -> Option<PathBuf> {
         let mut pending: Vec<PathBuf> = Path::new(rel.trim_start_matches('/'))
             .components()
             .rev()
@@ -169,31 +219,32 @@ impl SysRoot {
                 Some(".") => continue,
                 Some("..") => {
                     if !cur.pop() {
-                        return; // above the root: an escape
+                        return None; // above the root: an escape
                     }
                     continue;
                 }
                 _ => {}
             }
             let next = cur.join(&c);
-            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return };
+            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return None };
             if meta.file_type().is_symlink() {
-                let Ok(target) = fs::read_link(self.root.join(&next)) else { return };
+                let Ok(target) = fs::read_link(self.root.join(&next)) else { return None };
                 self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
                 hops += 1;
                 if target.is_absolute() || hops > 40 {
-                    return;
+                    return None;
                 }
                 pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
             } else {
                 if meta.is_dir() {
                     self.note(&next, Entry::Dir);
                 } else if !pending.is_empty() {
-                    return; // a file in the middle of a path: ENOTDIR
+                    return None; // a file in the middle of a path: ENOTDIR
                 }
                 cur = next;
             }
         }
+        Some(cur)
     }
 
     /// `abs` (inside the root, as [`Self::resolve_abs`] returns it) relative to the root.
@@ -209,7 +260,16 @@ impl SysRoot {
     /// Resolves `rel` (relative to the root) through every symlink and returns
     /// the canonical path, relative to the root, with `/` separators.
     pub fn resolve(&self, rel: &str) -> Result<String, SysError> {
-        let abs = self.resolve_abs(rel)?;
+        // The cached walk gives the relative path itself: no root to join
+        // and strip again, which cost as much as the walk.
+        let abs = match self.recording_on() {
+            false => match self.resolve_hops(rel, 0, false) {
+                Ok(p) => return Ok(p),
+                Err(Some(cause)) => return Err(SysError::Io { path: rel.to_string(), cause }),
+                Err(None) => self.resolve_walk(rel)?,
+            },
+            true => self.resolve_abs(rel)?,
+        };
         Ok(self.relative(&abs).to_string_lossy().into_owned())
     }
 
@@ -217,19 +277,22 @@ impl SysRoot {
     /// capture records the links and folders on the way.
     fn resolve_abs(&self, rel: &str) -> Result<PathBuf, SysError> {
         if self.recording_on() {
-            self.note_chain(rel);
-            return self.resolve_walk(rel);
+            return match self.note_chain(rel) {
+                Some(landed) => Ok(self.root.join(landed)),
+                None => self.resolve_walk(rel),
+            };
         }
         self.resolve_cached(rel)
     }
 
     /// Resolves `rel` from its parent folder's cached resolution: a plain
     /// entry under a canonical folder inside the root is itself canonical and
-    /// inside the root, so it costs one `lstat`; only a link (or `.`/`..`)
-    /// takes the full walk. Errors are the full walk's, naming `rel`.
+    /// inside the root, so it costs one `readlink` (which fails with EINVAL
+    /// on anything but a link); only a link (or `.`/`..`) takes more. Errors
+    /// are the full walk's, naming `rel`.
     fn resolve_cached(&self, rel: &str) -> Result<PathBuf, SysError> {
-        match self.resolve_hops(rel, 0) {
-            Ok(p) => Ok(p),
+        match self.resolve_hops(rel, 0, false) {
+            Ok(p) => Ok(self.root.join(p)),
             // The last name is simply not in its (resolved) folder: the
             // kernel has no such attribute. Nothing on the way can dangle.
             Err(Some(cause)) => Err(SysError::Io { path: rel.to_string(), cause }),
@@ -237,64 +300,115 @@ impl SysRoot {
         }
     }
 
-    /// [`Self::resolve_cached`]'s work: `Err(None)` sends the caller to the
-    /// full walk, which then gives the error in its own words; `Err(Some(e))`
-    /// is `rel`'s own last name missing from a folder that resolved. A link is
-    /// followed by reading its text once and resolving the target the same
-    /// way (sysfs links are relative, climbing with leading `..` only), at
-    /// most 40 hops deep as the kernel allows.
-    fn resolve_hops(&self, rel: &str, hops: u32) -> Result<PathBuf, Option<std::io::Error>> {
+    /// [`Self::resolve_cached`]'s work, giving the canonical path relative to
+    /// the root. `Err(None)` sends the caller to the full walk, which then
+    /// gives the error in its own words; `Err(Some(e))` is `rel`'s own last
+    /// name missing from a folder that resolved. A link is followed by reading
+    /// its text once and resolving the target the same way (sysfs links are
+    /// relative, climbing with leading `..` only), at most 40 hops deep as the
+    /// kernel allows. Every canonical path met is remembered for the pass,
+    /// and so is a link met as a folder on the way (`parent` true), so what
+    /// is asked for again costs nothing; a link asked for once is not kept.
+    fn resolve_hops(&self, rel: &str, hops: u32, parent: bool) -> Result<String, Option<std::io::Error>> {
         let rel_t = rel.trim_start_matches('/');
-        let (parent, name) = match rel_t.rsplit_once('/') {
+        if let Some(hit) = self.folders.lock().expect("folder cache lock").get(rel_t) {
+            return Ok(if hit.is_empty() { rel_t.to_string() } else { hit.clone() });
+        }
+        let (folder, name) = match rel_t.rsplit_once('/') {
             Some((p, n)) => (Some(p), n),
             None => (None, rel_t),
         };
-        if hops > 40 || name.is_empty() || name == "." || name == ".." || parent.is_some_and(|p| p.is_empty()) {
+        if hops > 40 || name.is_empty() || name == "." || name == ".." || folder.is_some_and(|p| p.is_empty()) {
             return Err(None);
         }
-        let dir = match parent {
-            None => self.root.clone(),
-            Some(p) => {
-                let hit = self.folders.lock().expect("folder cache lock").get(p).cloned();
-                match hit {
-                    Some(d) => d,
-                    None => {
-                        let d = self.resolve_hops(p, hops).map_err(|_| None)?;
-                        self.folders.lock().expect("folder cache lock").insert(p.to_string(), d.clone());
-                        d
-                    }
-                }
-            }
+        let dir = match folder {
+            None => String::new(),
+            Some(p) => self.resolve_hops(p, hops, true).map_err(|_| None)?,
         };
-        let candidate = dir.join(name);
-        let meta = match fs::symlink_metadata(&candidate) {
-            Ok(m) => m,
+        let candidate = join(&dir, name);
+        let text = match self.read_link_under(&candidate) {
+            Ok(t) => t,
+            // Not a link: the entry is there, and canonical under `dir`.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.remember(rel_t, &candidate);
+                return Ok(candidate);
+            }
             Err(e) if hops == 0 && e.kind() == std::io::ErrorKind::NotFound => return Err(Some(e)),
             Err(_) => return Err(None),
         };
-        if !meta.file_type().is_symlink() {
-            return Ok(candidate);
-        }
-        let text = fs::read_link(&candidate).map_err(|_| None)?;
+        // The text as sysfs writes it: `../` climbs, then plain names. Anything
+        // else (absolute, `.`, `..` or an empty name after a name, bytes that
+        // are not UTF-8) is the full walk's to resolve.
+        let Some(text) = text.to_str() else { return Err(None) };
         let mut base = dir;
-        let mut rest = Vec::new();
-        for c in text.components() {
-            match c {
-                Component::ParentDir if rest.is_empty() => {
-                    // Climbing above the root is an escape: the walk names it.
-                    if base == self.root || !base.pop() {
-                        return Err(None);
-                    }
-                }
-                Component::Normal(n) => rest.push(n.to_str().ok_or(None)?),
-                // Absolute targets, `.` and `..` after a name: the full walk.
-                _ => return Err(None),
+        let mut rest = text;
+        while let Some(r) = rest.strip_prefix("../") {
+            // Climbing above the root is an escape: the walk names it.
+            if base.is_empty() {
+                return Err(None);
             }
+            base.truncate(base.rfind('/').unwrap_or(0));
+            rest = r;
         }
-        let base = base.strip_prefix(&self.root).map_err(|_| None)?;
-        let target = base.join(rest.join("/"));
+        if rest.is_empty() || rest.split('/').any(|n| n.is_empty() || n == "." || n == "..") {
+            return Err(None);
+        }
+        let target = join(&base, rest);
         // A target that does not resolve is a dangling link: the walk says so.
-        self.resolve_hops(target.to_str().ok_or(None)?, hops + 1).map_err(|_| None)
+        let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
+        if parent {
+            self.remember(rel_t, &out);
+        }
+        Ok(out)
+    }
+
+    /// The text of the link at `rel`, a path under the root with no link
+    /// before its last name (a canonical folder and a name), as
+    /// `fs::read_link` gives it; not a link: EINVAL.
+    fn read_link_under(&self, rel: &str) -> std::io::Result<PathBuf> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStringExt;
+        let Some(dir) = &self.handle else { return fs::read_link(self.root.join(rel)) };
+        // sysfs link texts are short; a longer one is read again whole.
+        let mut buf = [0u8; 512];
+        let n = with_c_path(rel, |path| {
+            // SAFETY: a valid directory fd, a NUL-terminated path and a buffer
+            // of the length passed; the kernel writes at most that many bytes.
+            let n = unsafe { libc::readlinkat(dir.as_raw_fd(), path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(n)
+        })?;
+        if n as usize == buf.len() {
+            return fs::read_link(self.root.join(rel));
+        }
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(buf[..n as usize].to_vec())))
+    }
+
+    /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
+    fn remember(&self, rel: &str, canonical: &str) {
+        // A canonical path maps to itself, stored as "" (the root is never
+        // a key): one string per entry, not two.
+        let value = if rel == canonical { String::new() } else { canonical.to_string() };
+        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), value);
+    }
+
+    /// Remembers `rel` as canonical (see [`Self::remember`]).
+    fn remember_canonical(&self, rel: &str) {
+        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), String::new());
+    }
+
+    /// True when the folder holding `rel` is known, from this pass, to be
+    /// canonical: no link on the way to it, and inside the root. Then the
+    /// kernel need not follow `rel`'s last name to confine it, and a name
+    /// missing there is the answer at once, since nothing on the way can
+    /// dangle.
+    fn in_canonical_folder(&self, rel: &str) -> bool {
+        match rel.rsplit_once('/') {
+            None => true,
+            Some((folder, _)) => self.folders.lock().expect("folder cache lock").get(folder).is_some_and(|v| v.is_empty()),
+        }
     }
 
     /// Resolves `rel` by walking its whole symlink chain, then checks that
@@ -351,7 +465,21 @@ impl SysRoot {
         // missing file, an escape, a dangling link) is asked again the long
         // way, which names the fault exactly as before.
         let beneath = match (&self.beneath, self.recording_on()) {
-            (Some(fd), false) => openat2_beneath(fd, rel.trim_start_matches('/')),
+            (Some(fd), false) => {
+                let rel_t = rel.trim_start_matches('/');
+                let flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+                // The last name is not followed at first (sysfs attributes
+                // are files, not links). Then a name missing from a folder
+                // known canonical is the answer at once: nothing on the way
+                // can dangle. A last name that is a link (ELOOP) is followed
+                // in a second call.
+                match openat2_raw(fd, rel_t, flags | libc::O_NOFOLLOW) {
+                    Ok(f) => Some(f),
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => openat2_raw(fd, rel_t, flags).ok(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.in_canonical_folder(rel_t) => return Err(io(e)),
+                    Err(_) => None,
+                }
+            }
             _ => None,
         };
         let (file, abs) = match beneath {
@@ -383,11 +511,7 @@ impl SysRoot {
             };
             return Err(SysError::NotRegular { path: rel.to_string(), kind });
         }
-        let mut buf = Vec::new();
-        // Read one byte past the cap so "exactly 64 KiB" and "more" differ.
-        file.take(MAX_ATTR_BYTES + 1)
-            .read_to_end(&mut buf)
-            .map_err(io)?;
+        let buf = read_capped(file).map_err(io)?;
         // A recording tree always takes the resolving path, so `abs` is there.
         if let (true, Some(abs)) = (self.recording_on(), &abs) {
             self.note(self.relative(abs), Entry::File(buf.clone()));
@@ -397,17 +521,51 @@ impl SysRoot {
                 path: rel.to_string(),
             });
         }
-        Ok(String::from_utf8_lossy(&buf).into_owned())
+        // Valid UTF-8 (every attribute we read) is taken as it is, uncopied.
+        Ok(String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     /// Reads an attribute and trims the kernel's trailing newline.
     pub fn read_trimmed(&self, rel: &str) -> Result<String, SysError> {
-        Ok(self.read(rel)?.trim().to_string())
+        let mut v = self.read(rel)?;
+        // In place: one allocation per attribute, not two.
+        v.truncate(v.trim_end().len());
+        let lead = v.len() - v.trim_start().len();
+        v.drain(..lead);
+        Ok(v)
     }
 
     /// Lists a directory's entry names, sorted, after resolving the
     /// directory's own symlink chain.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, SysError> {
+        // As for reads: the kernel resolves and confines in one call, and
+        // any refusal is asked again the long way, which names the fault.
+        if let (Some(fd), false) = (&self.beneath, self.recording_on()) {
+            let rel_t = rel.trim_start_matches('/');
+            // As for reads: in a folder known canonical, the last name is
+            // not followed, and a missing one is the answer at once.
+            let last = rel_t.rsplit('/').next().unwrap_or("");
+            let settled = !matches!(last, "" | "." | "..") && self.in_canonical_folder(rel_t);
+            match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }) {
+                Ok(entries) => {
+                    let mut names = Vec::with_capacity(entries.len());
+                    for (name, is_dir) in entries {
+                        // A folder under a canonical folder is canonical:
+                        // remembered, so a link to it resolves with no call.
+                        if settled && is_dir {
+                            self.remember_canonical(&join(rel_t, &name));
+                        }
+                        names.push(name);
+                    }
+                    names.sort();
+                    return Ok(names);
+                }
+                Err(e) if settled && e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(SysError::Io { path: rel.to_string(), cause: e });
+                }
+                Err(_) => {}
+            }
+        }
         let abs = self.resolve_abs(rel)?;
         let io = |cause| SysError::Io {
             path: rel.to_string(),
@@ -457,6 +615,9 @@ impl SysRoot {
 
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
+        if !self.recording_on() {
+            return self.resolve(rel).is_ok();
+        }
         let Ok(abs) = self.resolve_abs(rel) else { return false };
         if self.recording_on() && abs.is_file() {
             self.note(self.relative(&abs), Entry::Placeholder);
@@ -465,7 +626,79 @@ impl SysRoot {
     }
 }
 
-/// Opens `root` as a directory handle for [`openat2_beneath`].
+/// Reads a regular file whole, to one byte past [`MAX_ATTR_BYTES`] so that
+/// "exactly 64 KiB" and "more" differ. A regular file answers a read short
+/// only at its end, so a short read ends it without asking again: a sysfs
+/// attribute (one page at most) costs a single `read`.
+fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
+    // A first read into the stack: most attributes are a few bytes, and a
+    // page-sized heap buffer per read cost more than the read itself.
+    let mut first = [0u8; 512];
+    let n = loop {
+        match file.read(&mut first) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let mut buf = first[..n].to_vec();
+    if n < first.len() {
+        return Ok(buf);
+    }
+    // Filled: there may be more. Read one byte past the cap at most.
+    file.take(MAX_ATTR_BYTES + 1 - n as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The entries of the folder `rel` beneath `dir`, opened as
+/// [`openat2_raw`] opens a file (with `flags` added), each with whether
+/// it is a folder (not a link to one).
+fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<(String, bool)>> {
+    use std::os::fd::AsRawFd;
+    let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK | flags)?;
+    // getdents64(2) straight into a buffer: `opendir` would add an fstat
+    // and an fcntl to every listing, a third of its cost here. On the
+    // stack and left unwritten: a heap buffer per listing (and zeroing it)
+    // cost more than the listing. Only what the kernel wrote is read.
+    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); 8 * 1024];
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: an open directory fd and a writable buffer of the length given.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, folder.as_raw_fd(), space.as_mut_ptr(), space.len()) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Ok(names);
+        }
+        // SAFETY: the kernel initialised the first `n` bytes.
+        let buf = unsafe { std::slice::from_raw_parts(space.as_ptr().cast::<u8>(), n as usize) };
+        // Each record: d_ino u64, d_off i64, d_reclen u16, d_type u8, then
+        // the NUL-terminated name, padded to d_reclen.
+        let mut at = 0usize;
+        while at < buf.len() {
+            let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            if reclen < 20 || at + reclen > buf.len() {
+                // Not what the kernel writes: ask the long way.
+                return Err(std::io::Error::from(std::io::ErrorKind::InvalidData));
+            }
+            let kind = buf[at + 18];
+            let raw = &buf[at + 19..at + reclen];
+            let name = &raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())];
+            if name != b"." && name != b".." {
+                // A name that is not UTF-8 is listed as best it can be, and
+                // never taken as a path to remember.
+                match std::str::from_utf8(name) {
+                    Ok(n) => names.push((n.to_string(), kind == libc::DT_DIR)),
+                    Err(_) => names.push((String::from_utf8_lossy(name).into_owned(), false)),
+                }
+            }
+            at += reclen;
+        }
+    }
+}
+
+/// Opens `root` as a directory handle for [`openat2_raw`].
 fn open_dir(root: &Path) -> Option<std::os::fd::OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root).ok()?;
@@ -478,16 +711,27 @@ fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
     openat2_raw(dir, ".", libc::O_DIRECTORY).is_ok()
 }
 
-/// Opens `rel` beneath `dir` for reading, never blocking, with the kernel
-/// resolving every link and refusing any walk that leaves `dir` (or uses
-/// a `/proc` magic link). `None` on any refusal.
-fn openat2_beneath(dir: &std::os::fd::OwnedFd, rel: &str) -> Option<fs::File> {
-    openat2_raw(dir, rel, libc::O_NONBLOCK | libc::O_NOCTTY).ok()
+/// Calls `f` with `rel` as a NUL-terminated C string, built on the stack
+/// when it fits (every sysfs path does): one heap allocation less per call.
+fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>) -> std::io::Result<T> {
+    let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
+    let mut buf = [0u8; 512];
+    if rel.len() < buf.len() {
+        buf[..rel.len()].copy_from_slice(rel.as_bytes());
+        return f(std::ffi::CStr::from_bytes_with_nul(&buf[..=rel.len()]).map_err(|_| invalid())?);
+    }
+    f(&std::ffi::CString::new(rel).map_err(|_| invalid())?)
 }
 
+/// Opens `rel` beneath `dir` read-only with `flags` added, the kernel
+/// resolving every link and refusing any walk that leaves `dir` (or uses a
+/// `/proc` magic link).
 fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
+    with_c_path(rel, |path| openat2_c(dir, path, flags))
+}
+
+fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_int) -> std::io::Result<fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let path = std::ffi::CString::new(rel).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: `open_how` is plain data; zeroed is its valid empty value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | flags) as u64;
@@ -512,10 +756,14 @@ pub fn parse_hex(s: &str) -> Option<u32> {
 /// Joins sysfs path pieces with `/`, for building relative paths.
 pub fn join(base: &str, name: &str) -> String {
     if base.is_empty() {
-        name.to_string()
-    } else {
-        format!("{base}/{name}")
+        return name.to_string();
     }
+    // Sized once: this builds every path a pass reads.
+    let mut out = String::with_capacity(base.len() + 1 + name.len());
+    out.push_str(base);
+    out.push('/');
+    out.push_str(name);
+    out
 }
 
 /// The last path component of a resolved path (`devices/…/0000:03:00.0` → `0000:03:00.0`).
@@ -559,6 +807,50 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let root = SysRoot::new(dir.path()).unwrap();
         assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })));
+    }
+
+    #[test]
+    fn reads_past_the_first_buffer_and_refuses_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(600);
+        fs::write(dir.path().join("long"), &long).unwrap();
+        fs::write(dir.path().join("full"), "y".repeat(MAX_ATTR_BYTES as usize)).unwrap();
+        fs::write(dir.path().join("over"), "z".repeat(MAX_ATTR_BYTES as usize + 1)).unwrap();
+        fs::write(dir.path().join("short"), " 7\n").unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        assert_eq!(root.read("long").unwrap(), long);
+        assert_eq!(root.read("full").unwrap().len(), MAX_ATTR_BYTES as usize);
+        assert!(matches!(root.read("over"), Err(SysError::TooLarge { .. })));
+        assert_eq!(root.read_trimmed("short").unwrap(), "7");
+    }
+
+    #[test]
+    fn listing_follows_links_inside_and_refuses_them_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("devices/dev0/ports")).unwrap();
+        for p in ["2", "1", "10"] {
+            fs::create_dir(dir.path().join("devices/dev0/ports").join(p)).unwrap();
+        }
+        fs::create_dir(dir.path().join("class")).unwrap();
+        std::os::unix::fs::symlink("../devices/dev0", dir.path().join("class/dev0")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("class/evil")).unwrap();
+        std::os::unix::fs::symlink("../devices/gone", dir.path().join("class/gone")).unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        assert_eq!(root.list("class/dev0/ports").unwrap(), ["1", "10", "2"]);
+        assert!(matches!(root.list("class/evil"), Err(SysError::Escapes { .. })));
+        assert!(matches!(root.list("class/gone"), Err(SysError::Dangling { .. })));
+        assert!(root.list("class/none").unwrap_err().is_not_found());
+        // Listed from a canonical folder, a climb back up is still a listing
+        // of the folder it lands in, and nothing under it is taken as canonical.
+        assert_eq!(root.list("devices/dev0/ports/..").unwrap(), ["ports"]);
+        assert_eq!(root.resolve("devices/dev0/ports/../ports/1").unwrap(), "devices/dev0/ports/1");
+        // A link asked for twice resolves the same, the second time from the cache.
+        for _ in 0..2 {
+            assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1");
+            assert!(matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })));
+            assert!(!root.exists("class/dev0/nothing"));
+        }
     }
 
     #[test]

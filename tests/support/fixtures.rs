@@ -400,7 +400,52 @@ pub fn large(dir: &Path, endpoints: u32) -> Tree {
         }
         t.sriov(&pf, per_pf.max(8), &vfs);
     }
+    t.pci_configs();
     t
+}
+
+impl Tree {
+    /// A `config` file for every PCI function of the tree, as real sysfs has
+    /// and as `lspci` needs to read a tree (the benchmark runs it beside
+    /// discovery): the standard 256-byte header with the function's vendor,
+    /// device and class, and for a bridge its primary, secondary and
+    /// subordinate bus numbers, taken from the folders nested under it.
+    pub fn pci_configs(&self) {
+        let bus = |addr: &str| u8::from_str_radix(&addr[5..7], 16).unwrap();
+        let is_addr = |n: &str| n.len() == 12 && n.as_bytes()[4] == b':' && n.as_bytes()[10] == b'.';
+        for entry in fs::read_dir(self.root.join("bus/pci/devices")).unwrap() {
+            let dir = fs::canonicalize(entry.unwrap().path()).unwrap();
+            let hex = |name: &str| u32::from_str_radix(fs::read_to_string(dir.join(name)).unwrap().trim().trim_start_matches("0x"), 16).unwrap();
+            let (vendor, device, class) = (hex("vendor"), hex("device"), hex("class"));
+            let mut c = [0u8; 256];
+            c[0..2].copy_from_slice(&(vendor as u16).to_le_bytes());
+            c[2..4].copy_from_slice(&(device as u16).to_le_bytes());
+            c[4] = 0x06; // memory space and bus master on
+            c[9..12].copy_from_slice(&class.to_le_bytes()[..3]); // prog-if, subclass, class
+            if class >> 8 == 0x0604 {
+                // Every PCI address below the bridge, at any depth, is on
+                // a bus it forwards to.
+                let mut below = Vec::new();
+                let mut pending = vec![dir.clone()];
+                while let Some(d) = pending.pop() {
+                    for e in fs::read_dir(&d).unwrap() {
+                        let e = e.unwrap();
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        if is_addr(&name) && e.file_type().unwrap().is_dir() {
+                            below.push(bus(&name));
+                            pending.push(e.path());
+                        }
+                    }
+                }
+                let own = dir.file_name().unwrap().to_string_lossy().into_owned();
+                c[0x0e] = 1; // header type 1: PCI-to-PCI bridge
+                c[0x18] = bus(&own);
+                c[0x19] = below.iter().copied().min().unwrap_or(0);
+                c[0x1a] = below.iter().copied().max().unwrap_or(0);
+            }
+            fs::write(dir.join("config"), c).unwrap();
+        }
+    }
 }
 
 /// AMD accelerators, one per hive id given (`None`: no xgmi_hive_info at all).
