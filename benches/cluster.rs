@@ -10,9 +10,12 @@ mod apiserver;
 mod apiserver_rbac;
 #[path = "../tests/support/fixtures.rs"]
 mod fixtures;
+#[path = "support/proc.rs"]
+mod proc_status;
 #[path = "support/report.rs"]
 mod report;
 
+use proc_status::rss_kib;
 use apiserver::{ApiServer, TOKEN};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -53,12 +56,6 @@ fn measure(mut c: Command) -> (Duration, i64) {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn ms(d: Duration) -> String {

@@ -21,9 +21,12 @@ mod apiserver;
 mod apiserver_rbac;
 #[path = "../tests/support/fixtures.rs"]
 mod fixtures;
+#[path = "support/proc.rs"]
+mod proc_status;
 #[path = "support/report.rs"]
 mod report;
 
+use proc_status::rss_kib;
 use apiserver::{ApiServer, TOKEN};
 use futures::AsyncBufReadExt;
 use kube::api::WatchParams;
@@ -176,12 +179,6 @@ fn ready(port: u16) -> bool {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out.starts_with("HTTP/1.1 200")
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn resync(base: &RailRecord, stale: usize, dir: &Path) -> Resync {

@@ -9,9 +9,12 @@
 mod fixtures;
 #[path = "../tests/support/kubelet.rs"]
 mod kubelet;
+#[path = "support/proc.rs"]
+mod proc_status;
 #[path = "support/report.rs"]
 mod report;
 
+use proc_status::rss_kib;
 use kubelet::{within, Kubelet};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use nodefabric::plugin::uds;
@@ -50,12 +53,6 @@ fn total(metrics: &str, name: &str) -> f64 {
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// Writes `spec` as `nodefabric` does: a dot-file temp, then rename.

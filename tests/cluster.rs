@@ -174,6 +174,19 @@ impl World {
             .unwrap()
     }
 
+    /// The CRD installed, Nodes `names` each with its current record, and
+    /// the custom-resource observer (resync `resync`) past its first pass.
+    fn observed_records(&self, names: &[&str], resync: &str) -> Child {
+        self.api.install_crd();
+        for name in names {
+            let uid = self.api.add_node(name);
+            self.api.with(|s| drop(s.put_record(name, &uid, spec(&uid))));
+        }
+        let obs = self.cr_observer("observer.log", resync);
+        eventually("the observer synced", || self.read_log("observer.log").contains("reconciling every record"));
+        obs
+    }
+
     /// A stored NodeRailRecord, whole.
     fn nrr(&self, node: &str) -> Option<Value> {
         self.api.with(|s| s.record(node).cloned())
@@ -1284,14 +1297,7 @@ fn observer_deletes_records_of_gone_and_replaced_nodes_without_the_garbage_colle
 #[test]
 fn observer_never_deletes_a_record_reapplied_in_place_after_it_was_judged() {
     let w = World::new();
-    w.api.install_crd();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.api.with(|s| {
-        s.put_record("a", &a, spec(&a));
-        s.put_record("b", &b, spec(&b));
-    });
-    let mut obs = w.cr_observer("observer.log", "10m");
-    eventually("the observer synced", || w.read_log("observer.log").contains("reconciling every record"));
+    let mut obs = w.observed_records(&["a", "b"], "10m");
     // b is replaced; just before the observer's delete lands, the new Node's
     // broker re-applies the same object in place (same uid, new resourceVersion).
     let new_b = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -1319,11 +1325,7 @@ fn observer_never_deletes_a_record_reapplied_in_place_after_it_was_judged() {
 #[test]
 fn observer_judges_a_record_its_node_cache_cannot_explain_by_a_fresh_read() {
     let w = World::new();
-    w.api.install_crd();
-    let a = w.api.add_node("a");
-    w.api.with(|s| drop(s.put_record("a", &a, spec(&a))));
-    let mut obs = w.cr_observer("observer.log", "1s");
-    eventually("the observer synced", || w.read_log("observer.log").contains("reconciling every record"));
+    let mut obs = w.observed_records(&["a"], "1s");
     // A new Node the cache does not get to see yet, and its broker's record.
     w.api.pause_watches();
     let d = w.api.add_node("d");
@@ -1396,14 +1398,7 @@ fn observer_without_the_crd_is_unready_naming_the_fix_and_recovers_once_it_exist
 #[test]
 fn observer_delete_refused_or_beaten_by_the_garbage_collector() {
     let w = World::new();
-    w.api.install_crd();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.api.with(|s| {
-        s.put_record("a", &a, spec(&a));
-        s.put_record("b", &b, spec(&b));
-    });
-    let mut obs = w.cr_observer("observer.log", "10m");
-    eventually("the observer synced", || w.read_log("observer.log").contains("reconciling every record"));
+    let mut obs = w.observed_records(&["a", "b"], "10m");
     // The garbage collector deletes b's record between the observer's list and its delete: a 404, not an error.
     w.api.fault("DELETE", &format!("{NRR_PATH}/b"), Action::Before(Box::new(|s| drop(s.collect_garbage()))));
     w.api.delete_node("b");

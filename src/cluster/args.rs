@@ -224,7 +224,6 @@ impl BrokerArgs {
             .node_name
             .as_deref()
             .ok_or_else(|| anyhow::anyhow!("publishing to a {target} needs --node-name"))?;
-        let empty = record.nics.is_empty();
         // Compact JSON, every object's keys sorted (serde_json's Value map is
         // ordered): what the ConfigMap stores, and what tells a change.
         let value = serde_json::to_value(record).expect("the record serialises");
@@ -234,13 +233,14 @@ impl BrokerArgs {
             tracing::debug!("the rail record is unchanged since it was published to {target}: not sent again");
             return Ok(());
         }
-        let result = self.send(target, node, record, &text, empty);
+        let result = self.send(target, node, record, &text);
         self.memo.set_sent(result.is_ok().then_some((place.as_str(), text.as_str())));
         result
     }
 
     /// Sends one publication (see [`BrokerArgs::publish`]).
-    fn send(&self, target: &Target, node: &str, record: &RailRecord, text: &str, empty: bool) -> anyhow::Result<()> {
+    fn send(&self, target: &Target, node: &str, record: &RailRecord, text: &str) -> anyhow::Result<()> {
+        let empty = record.nics.is_empty();
         match target {
             Target::ConfigMap(cm) => self.publish_configmap(cm, node, text, empty)?,
             Target::CustomResource(_) => {

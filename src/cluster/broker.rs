@@ -92,7 +92,7 @@ pub async fn apply_record(
     record: &crate::rails::RailRecord,
 ) -> Result<(), ClusterError> {
     let api: Api<NodeRailRecord> = Api::all(client.clone());
-    let object = super::record::object(node, &record.node_uid, record);
+    let object = super::record::object(node, record);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let request = format!("APPLY NodeRailRecord {node}");
     match api.patch(node, &params, &Patch::Apply(&object)).await {
@@ -117,8 +117,9 @@ pub async fn delete_record(client: &Client, node: &str) -> Result<(), ClusterErr
     }
 }
 
-/// Names what a refused NodeRailRecord request needs.
-fn record_error(request: String, needs: &str, e: kube::Error) -> ClusterError {
+/// Names what a refused NodeRailRecord request needs: a missing CRD, a
+/// missing permission (`needs`), or the API's own answer.
+pub(crate) fn record_error(request: String, needs: &str, e: kube::Error) -> ClusterError {
     match code(&e) {
         Some(404) if no_resource(&e) => ClusterError::NoCrd {
             what: request,

@@ -20,7 +20,7 @@
 //! Records are listed as metadata only, in pages, so 10,000 records cost a
 //! few MiB, and requests beyond the list grow with the stale records alone.
 
-use super::broker::{no_resource, records_untyped};
+use super::broker::{no_resource, record_error, records_untyped};
 use super::reconcile::{node_now, Nodes, Outcome};
 use super::record::{owner_uid, NodeRailRecord};
 use super::{code, ClusterError};
@@ -98,20 +98,7 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
                 params.continue_token = None;
                 continue;
             }
-            Err(e) => {
-                return Err(match code(&e) {
-                    Some(404) if no_resource(&e) => ClusterError::NoCrd {
-                        what: what(),
-                        message: e.to_string(),
-                    },
-                    Some(403) => ClusterError::Forbidden {
-                        what: what(),
-                        needs: "`list` on noderailrecords".into(),
-                        message: e.to_string(),
-                    },
-                    _ => ClusterError::api(what(), e),
-                })
-            }
+            Err(e) => return Err(record_error(what(), "`list` on noderailrecords", e)),
         };
         out.extend(page.items.iter().filter_map(|o| RecordMeta::from_meta(&o.metadata)));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -152,29 +139,17 @@ pub async fn clean(client: &Client, nodes: &Nodes, only: Option<&str>) -> Result
                 tracing::info!("deleted NodeRailRecord {}: {why}", record.name);
                 out.removed.push(record.name);
             }
-            Err(e) if code(&e) == Some(404) && no_resource(&e) => {
-                return Err(ClusterError::NoCrd {
-                    what: what(),
-                    message: e.to_string(),
-                })
-            }
             // A precondition failed (re-created or re-applied since the
-            // list), or it is gone already (the garbage collector was first).
-            Err(e) if matches!(code(&e), Some(404 | 409)) => {
+            // list), or it is gone already (the garbage collector was first);
+            // a 404 for the whole resource (the CRD removed) is an error.
+            Err(e) if code(&e) == Some(409) || (code(&e) == Some(404) && !no_resource(&e)) => {
                 tracing::info!(
                     "NodeRailRecord {} not deleted: it changed or went since it was read ({e})",
                     record.name
                 );
                 out.changed.push(record.name);
             }
-            Err(e) if code(&e) == Some(403) => {
-                return Err(ClusterError::Forbidden {
-                    what: what(),
-                    needs: "`delete` on noderailrecords".into(),
-                    message: e.to_string(),
-                })
-            }
-            Err(e) => return Err(ClusterError::api(what(), e)),
+            Err(e) => return Err(record_error(what(), "`delete` on noderailrecords", e)),
         }
     }
     Ok(out)

@@ -77,9 +77,9 @@ pub fn rail_count(record: &RailRecord) -> usize {
     record.nics.values().flatten().collect::<BTreeSet<_>>().len()
 }
 
-/// The object the broker applies for Node `node` (UID `node_uid`): the
-/// record as spec, the counts as labels, and the Node as owner.
-pub fn object(node: &str, node_uid: &str, record: &RailRecord) -> serde_json::Value {
+/// The object the broker applies for Node `node`: the record as spec, the
+/// counts as labels, and the Node (by the record's `nodeUID`) as owner.
+pub fn object(node: &str, record: &RailRecord) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": format!("{GROUP}/v1alpha1"),
         "kind": "NodeRailRecord",
@@ -97,7 +97,7 @@ pub fn object(node: &str, node_uid: &str, record: &RailRecord) -> serde_json::Va
                 "apiVersion": "v1",
                 "kind": "Node",
                 "name": node,
-                "uid": node_uid,
+                "uid": record.node_uid,
             }],
         },
         "spec": record,
@@ -174,10 +174,11 @@ mod tests {
         r.nics.insert("0000:02:00.0".into(), vec!["rail0".into()]);
         r.nics.insert("0000:03:00.0".into(), vec!["rail1".into()]);
         assert_eq!(rail_count(&r), 2);
-        let o = object("n1", "u-1", &r);
+        r.node_uid = "u-1".into();
+        let o = object("n1", &r);
         assert_eq!(o["metadata"]["labels"][RAILS_LABEL], "2");
         assert_eq!(o["metadata"]["labels"][SOURCE_LABEL], "host-lldp");
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u-1");
-        assert_eq!(o["spec"]["nodeUID"], "u");
+        assert_eq!(o["spec"]["nodeUID"], "u-1", "the owner is the record's own Node");
     }
 }

@@ -4,7 +4,7 @@
 use super::keep::{attribute, note, parsed};
 use super::{device_topology, numa_answer};
 use crate::discover::rdma;
-use crate::record::{Interface, LinkState, LinkVerdict, Topology};
+use crate::record::{Interface, LinkState, LinkVerdict};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use tracing::warn;
 
@@ -43,7 +43,7 @@ fn interface(root: &SysRoot, name: &str) -> Result<Option<Interface>, SysError> 
             return Ok(None);
         }
     }
-    let mut iface = build(root, Some(name.to_string()), Some(&netdir), device.as_deref(), None);
+    let mut iface = build(root, Some(name.to_string()), Some(&netdir), device.as_deref(), true);
     if let Some(dev) = &device {
         match virtual_functions(root, dev, &iface) {
             Ok(vfs) => iface.virtual_functions = vfs,
@@ -70,9 +70,10 @@ const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown"
 /// Builds an interface from its net folder (if it has a netdev) and its device
 /// folder (if it has a device). An attribute the kernel does not have is an
 /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
-/// as unreadable, for [`keep::keep_previous`] to fill in. A VF passes its
-/// PF's topology (`inherited`), which it shares, so its own path is not walked.
-fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, inherited: Option<&Option<Topology>>) -> Interface {
+/// as unreadable, for [`keep::keep_previous`] to fill in. `walk_topology`
+/// is false for a VF: it shares its PF's topology, which the caller sets,
+/// so its own path is not walked.
+fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, walk_topology: bool) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
     let (bus, bus_unreadable) = match device.map(|dev| bus_of(root, dev)) {
         None => ("virtual".to_string(), None),
@@ -127,10 +128,9 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
     }
     if bus == "pci" {
         iface.pci_bus_id = Some(basename(dev).to_string());
-        iface.topology = match inherited {
-            Some(t) => t.clone(),
-            None => device_topology(dev),
-        };
+        if walk_topology {
+            iface.topology = device_topology(dev);
+        }
     }
     // A device without the SR-IOV attributes is not a PF: that absence is the
     // kernel's answer. An unreadable one is not, and must not move a PF with
@@ -200,12 +200,10 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Result<Vec
             .ok()
             .and_then(|n| n.into_iter().next());
         let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
-        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), Some(&pf.topology));
+        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), false);
         vf.is_virtual = false;
         vf.parent = pf.pci_bus_id.clone();
-        if vf.bus != "pci" {
-            vf.topology = pf.topology.clone(); // build sets it on the PCI bus only
-        }
+        vf.topology = pf.topology.clone();
         vfs.push(vf);
     }
     vfs.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
