@@ -1437,3 +1437,27 @@ fn observer_pages_through_more_records_than_one_list_holds_and_survives_an_expir
     assert!(w.read_log("observer.log").contains("listing again from the start"));
     assert!(sigterm(&mut obs).success());
 }
+
+#[test]
+fn malformed_answers_to_the_records_list_or_apply_fail_naming_the_request_and_delete_nothing() {
+    let w = World::new();
+    w.api.install_crd();
+    w.api.add_node("node-a");
+    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    let before = w.nrr("node-a").unwrap();
+    // A broken answer to the apply: the pass fails, naming it.
+    for (body, code) in [("not json at all", 200), ("{\"kind\": \"Status\"", 500), ("", 502)] {
+        w.api.fault("PATCH", &format!("{NRR_PATH}/node-a"), Action::Raw(code, body));
+        let e = failed(w.cr_broker("node-a", "lldp.json").output().unwrap());
+        assert!(e.contains("APPLY NodeRailRecord node-a"), "{body:?}: {e}");
+    }
+    assert_eq!(w.nrr("node-a").unwrap(), before);
+    // A broken list answer: the observer is unready and deletes nothing, then recovers.
+    w.api.with(|s| drop(s.put_record("gone", "u-gone", spec("u-gone"))));
+    w.api.fault("GET", NRR_PATH, Action::Raw(200, "{\"items\": 7}"));
+    let mut obs = w.cr_observer("observer.log", "1s");
+    eventually("the broken list is reported", || w.read_log("observer.log").contains("reconciling NodeRailRecords: LIST NodeRailRecords"));
+    eventually("the next resync deletes the stale record", || w.nrr("gone").is_none());
+    assert!(w.nrr("node-a").is_some());
+    assert!(sigterm(&mut obs).success());
+}
