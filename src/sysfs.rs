@@ -354,12 +354,50 @@ impl SysRoot {
             return Err(None);
         }
         let target = join(&base, rest);
+        // Several names past what is known: one call checks them all.
+        if rest.contains('/') && !self.known_folder(&target) && self.all_plain(&base, &target) {
+            if parent {
+                self.remember(rel_t, &target);
+            }
+            return Ok(target);
+        }
         // A target that does not resolve is a dangling link: the walk says so.
         let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
         if parent {
             self.remember(rel_t, &out);
         }
         Ok(out)
+    }
+
+    /// True when this pass has resolved the folder holding `rel`, or `rel`.
+    fn known_folder(&self, rel: &str) -> bool {
+        let cache = self.folders.lock().expect("folder cache lock");
+        cache.contains_key(rel) || rel.rsplit_once('/').is_some_and(|(folder, _)| cache.contains_key(folder))
+    }
+
+    /// True when `rel` exists beneath the root with no link anywhere on its
+    /// way, so it is canonical; `known` is a canonical folder it lies under.
+    /// One `openat2(2)` refusing every link checks all the names past
+    /// `known` at once, where a `readlink` per name would walk the path
+    /// once per name. Each folder on the way is remembered as canonical.
+    /// False (nothing learnt) where the call is refused for any reason: a
+    /// link on the way, a missing name, or a kernel without `openat2`.
+    fn all_plain(&self, known: &str, rel: &str) -> bool {
+        let Some(dir) = &self.beneath else { return false };
+        let checked = with_c_path(rel, |path| {
+            openat2_c(dir, path, libc::O_PATH, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS)
+        });
+        if checked.is_err() {
+            return false;
+        }
+        // Every folder past `known`, then `rel` itself.
+        let mut from = if known.is_empty() { 0 } else { known.len() + 1 };
+        while let Some(slash) = rel[from..].find('/') {
+            self.remember_canonical(&rel[..from + slash]);
+            from += slash + 1;
+        }
+        self.remember_canonical(rel);
+        true
     }
 
     /// The text of the link at `rel`, a path under the root with no link
@@ -727,15 +765,17 @@ fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<
 /// resolving every link and refusing any walk that leaves `dir` (or uses a
 /// `/proc` magic link).
 fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
-    with_c_path(rel, |path| openat2_c(dir, path, flags))
+    with_c_path(rel, |path| openat2_c(dir, path, flags, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS))
 }
 
-fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_int) -> std::io::Result<fs::File> {
+/// `openat2(2)` of `path` beneath `dir`, read-only with `flags` added,
+/// resolving as `resolve` allows.
+fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_int, resolve: u64) -> std::io::Result<fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
     // SAFETY: `open_how` is plain data; zeroed is its valid empty value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | flags) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = resolve;
     // SAFETY: a valid directory fd, a NUL-terminated path and a pointer to
     // an `open_how` of the size passed; the kernel returns a new fd or -1.
     let fd = unsafe {
@@ -850,6 +890,31 @@ mod tests {
             assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1");
             assert!(matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })));
             assert!(!root.exists("class/dev0/nothing"));
+        }
+    }
+
+    #[test]
+    fn a_link_target_of_several_names_with_a_link_midway_is_followed_or_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::create_dir_all(outside.path().join("net/eth0")).unwrap();
+        fs::write(outside.path().join("net/eth0/mtu"), "9000\n").unwrap();
+        fs::create_dir_all(dir.path().join("devices/real/net/eth0")).unwrap();
+        fs::write(dir.path().join("devices/real/net/eth0/mtu"), "1500\n").unwrap();
+        // `devices/alias` is a link: the targets below pass through it.
+        std::os::unix::fs::symlink("real", dir.path().join("devices/alias")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("devices/away")).unwrap();
+        fs::create_dir(dir.path().join("class")).unwrap();
+        std::os::unix::fs::symlink("../devices/alias/net/eth0", dir.path().join("class/inside")).unwrap();
+        std::os::unix::fs::symlink("../devices/away/net/eth0", dir.path().join("class/outside")).unwrap();
+        std::os::unix::fs::symlink("../devices/real/net/eth0", dir.path().join("class/plain")).unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        for _ in 0..2 {
+            assert_eq!(root.resolve("class/inside").unwrap(), "devices/real/net/eth0");
+            assert_eq!(root.resolve("class/plain").unwrap(), "devices/real/net/eth0");
+            assert!(matches!(root.resolve("class/outside"), Err(SysError::Escapes { .. })));
+            assert!(matches!(root.read("class/outside/mtu"), Err(SysError::Escapes { .. })));
+            assert_eq!(root.read_trimmed("class/inside/mtu").unwrap(), "1500");
         }
     }
 

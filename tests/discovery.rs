@@ -150,6 +150,23 @@ fn vf_only_node_is_capable_and_vfs_are_nested() {
 }
 
 #[test]
+fn vf_netdev_missing_from_class_net_is_named_from_its_own_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = fixtures::vf_only(dir.path());
+    // VF 1's class/net entry gone (as when its entry cannot be read); VF 0
+    // with a second netdev, named after its first as a listing gives it.
+    std::fs::remove_file(dir.path().join("class/net/enp4s0f0v1")).unwrap();
+    let vf0 = t.pci(&[&fixtures::addr(0x00, 2, 0), &fixtures::addr(0x01, 0, 0), &fixtures::addr(0x02, 1, 0), &fixtures::addr(0x04, 0, 2)], fixtures::MELLANOX, 0x101e, fixtures::CLASS_ETH, -1);
+    t.netdev(&vf0, "enp4s0f0v0z", 1500, true);
+    let root = dir.path().to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let vfs = v["spec"]["interfaces"][0]["virtualFunctions"].as_array().unwrap();
+    let names: Vec<_> = vfs.iter().map(|vf| vf["name"].as_str()).collect();
+    assert_eq!(names, [Some("enp4s0f0v0"), Some("enp4s0f0v1"), Some("enp4s0f0v2"), None]);
+    assert_eq!(vfs[1]["mtu"], 1500, "read from the VF's own net folder");
+}
+
+#[test]
 fn active_defer_is_not_active() {
     assert_eq!(snapshot_fixture("active_defer", |d| drop(fixtures::single_port(d, fixtures::DEFER))), 1);
     let f = features_of(|d| drop(fixtures::single_port(d, fixtures::DEFER)));

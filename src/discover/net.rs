@@ -13,11 +13,27 @@ use tracing::warn;
 /// placeholder marked unreadable, which the previous record fills in: a NIC
 /// is never dropped from the record because its folder could not be read.
 pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
+    // Every entry's folders first: a VF's netdev is one of these entries, so
+    // its PF learns the VF's interface name from this walk instead of
+    // listing each VF's `net` folder again.
+    let located: Vec<(String, Result<Located, SysError>)> =
+        root.list("class/net")?.into_iter().map(|name| {
+            let at = locate(root, &name);
+            (name, at)
+        }).collect();
+    let mut vf_netdevs = VfNetdevs::new();
+    for (name, at) in &located {
+        if let Ok(Located { netdir, device: Some(dev), is_vf: true }) = at {
+            // Names come sorted, so the first kept is the one a listing of
+            // the VF's `net` folder would give first.
+            vf_netdevs.entry(dev.as_str()).or_insert((name.as_str(), netdir.as_str()));
+        }
+    }
     let mut out = Vec::new();
-    for name in root.list("class/net")? {
-        match interface(root, &name) {
-            Ok(Some(iface)) => out.push(iface),
-            Ok(None) => {}
+    for (name, at) in &located {
+        match at {
+            Ok(Located { is_vf: true, .. }) => {}
+            Ok(at) => out.push(interface(root, name, at, &vf_netdevs)),
             Err(e) => {
                 warn!("interface {name} unreadable: {e}");
                 let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
@@ -30,27 +46,53 @@ pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
     Ok(out)
 }
 
-/// One top-level interface; `None` for a VF (its PF lists it).
-fn interface(root: &SysRoot, name: &str) -> Result<Option<Interface>, SysError> {
+/// Where one `class/net` entry lives: its canonical net folder, its device
+/// folder (none for a virtual interface), and whether that device is a VF.
+struct Located {
+    netdir: String,
+    device: Option<String>,
+    is_vf: bool,
+}
+
+/// VF device folder → (interface name, canonical net folder), from `class/net`.
+type VfNetdevs<'a> = std::collections::HashMap<&'a str, (&'a str, &'a str)>;
+
+/// Resolves one `class/net` entry's folders.
+fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
     let netdir = root.resolve(&format!("class/net/{name}"))?;
     let device = match root.resolve(&join(&netdir, "device")) {
         Ok(d) => Some(d),
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(e),
     };
-    if let Some(dev) = &device {
-        if root.exists(&join(dev, "physfn")) {
-            return Ok(None);
-        }
-    }
-    let mut iface = build(root, Some(name.to_string()), Some(&netdir), device.as_deref(), true);
-    if let Some(dev) = &device {
-        match virtual_functions(root, dev, &iface) {
+    // A VF is listed by its PF, not on its own.
+    let is_vf = device.as_ref().is_some_and(|dev| root.exists(&join(dev, "physfn")));
+    Ok(Located { netdir, device, is_vf })
+}
+
+/// One top-level interface (a VF is built by its PF).
+fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs) -> Interface {
+    let device = at.device.as_deref();
+    let mut iface = build(root, Some(name.to_string()), Some(&at.netdir), device, Function::Top);
+    if let Some(dev) = device {
+        match virtual_functions(root, dev, &iface, vf_netdevs) {
             Ok(vfs) => iface.virtual_functions = vfs,
             Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
         }
     }
-    Ok(Some(iface))
+    iface
+}
+
+/// Which kind of PCI function [`build`] reads, which decides what it reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Function {
+    /// An interface of its own (a PF, a plain NIC, a virtual interface):
+    /// its topology is walked and its SR-IOV attributes read.
+    Top,
+    /// A VF: it shares its PF's topology, which the caller sets, and has no
+    /// SR-IOV attributes (the kernel shows them on PFs only), so neither is
+    /// looked for.
+    Virtual,
 }
 
 /// The bus a device sits on, from its `subsystem` link: `Ok(None)` when the
@@ -70,10 +112,9 @@ const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown"
 /// Builds an interface from its net folder (if it has a netdev) and its device
 /// folder (if it has a device). An attribute the kernel does not have is an
 /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
-/// as unreadable, for [`keep::keep_previous`] to fill in. `walk_topology`
-/// is false for a VF: it shares its PF's topology, which the caller sets,
-/// so its own path is not walked.
-fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, walk_topology: bool) -> Interface {
+/// as unreadable, for [`keep::keep_previous`] to fill in. `function` says
+/// whether it is a VF (see [`Function`]).
+fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
     let (bus, bus_unreadable) = match device.map(|dev| bus_of(root, dev)) {
         None => ("virtual".to_string(), None),
@@ -128,20 +169,22 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
     }
     if bus == "pci" {
         iface.pci_bus_id = Some(basename(dev).to_string());
-        if walk_topology {
+        if function == Function::Top {
             iface.topology = device_topology(dev);
         }
     }
     // A device without the SR-IOV attributes is not a PF: that absence is the
     // kernel's answer. An unreadable one is not, and must not move a PF with
     // VFs into the whole-interface families.
-    match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
-        Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
-        Err(why) => note(&mut iface, "physicalFunction", why),
-    }
-    match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
-        Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
-        Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
+    if function == Function::Top {
+        match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
+            Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
+            Err(why) => note(&mut iface, "physicalFunction", why),
+        }
+        match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
+            Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
+            Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
+        }
     }
     match rdma::bound_device(root, dev) {
         Ok(Some(ibdev)) => {
@@ -169,7 +212,7 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
 /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
 /// its PF's upstream bridges; its NUMA node is its own. A PF folder that
 /// cannot be listed is an error (its VFs are unreadable, not absent).
-fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Result<Vec<Interface>, SysError> {
+fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &VfNetdevs) -> Result<Vec<Interface>, SysError> {
     let entries = root.list(pf_dev)?;
     let mut vfs = Vec::new();
     for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
@@ -195,12 +238,18 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Result<Vec
                 continue;
             }
         };
-        let netdev = root
-            .list(&join(&vf_dev, "net"))
-            .ok()
-            .and_then(|n| n.into_iter().next());
-        let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
-        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), false);
+        // The netdev `class/net` named for this VF; a VF it did not name
+        // (its netdev moved to a pod's namespace, or its entry unreadable)
+        // is asked directly.
+        let (netdev, netdir) = match vf_netdevs.get(vf_dev.as_str()) {
+            Some((name, dir)) => (Some(name.to_string()), Some(dir.to_string())),
+            None => {
+                let netdev = root.list(&join(&vf_dev, "net")).ok().and_then(|n| n.into_iter().next());
+                let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
+                (netdev, netdir)
+            }
+        };
+        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), Function::Virtual);
         vf.is_virtual = false;
         vf.parent = pf.pci_bus_id.clone();
         vf.topology = pf.topology.clone();
