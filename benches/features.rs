@@ -20,24 +20,58 @@ use std::time::{Duration, Instant};
 
 const RUNS: usize = 30;
 
-/// Runs the binary once; returns (wall time, peak RSS in KiB) via wait4(2).
+/// One run of a command: wall time, peak RSS in KiB, what it printed.
+struct Run {
+    wall: Duration,
+    rss_kib: i64,
+    stdout: Vec<u8>,
+}
+
+/// `--measure PROG ARGS...`: runs PROG once as a child of this small
+/// process, then prints `NANOS KIB` (its wall time and peak RSS) on stderr.
+/// A child's ru_maxrss counts the memory of the process it was started
+/// from (the kernel carries it over at exec), so a command started straight
+/// from the bench would be charged the bench's own trees and manifests.
 // The child is reaped by wait4(2) below, which clippy cannot see.
 #[allow(clippy::zombie_processes)]
-fn run_once(root: &Path) -> (Duration, i64) {
+fn measure(args: &[String]) {
     let start = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["features", "--sysfs-root", root.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = Command::new(&args[0]).args(&args[1..]).stderr(std::process::Stdio::null()).spawn().unwrap();
     let mut status = 0;
     // SAFETY: plain wait4 on our own child; rusage is a zeroed out-parameter.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let wall = start.elapsed();
     assert_eq!(pid, child.id() as i32);
-    assert_eq!(status, 0, "nodefabric features failed");
-    (start.elapsed(), usage.ru_maxrss)
+    eprintln!("{} {}", wall.as_nanos(), usage.ru_maxrss);
+    std::process::exit(if status == 0 { 0 } else { 1 });
+}
+
+/// Runs `cmd` once through `--measure`; it must succeed.
+fn measured(cmd: &Command) -> Run {
+    let mut m = Command::new(std::env::current_exe().unwrap());
+    m.arg("--measure").arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            m.env(k, v);
+        }
+    }
+    let out = m.output().unwrap();
+    assert!(out.status.success(), "{cmd:?} failed");
+    let report = String::from_utf8(out.stderr).unwrap();
+    let (nanos, kib) = report.trim().rsplit_once('\n').map_or(report.trim(), |(_, l)| l).split_once(' ').expect("NANOS KIB");
+    Run {
+        wall: Duration::from_nanos(nanos.parse().unwrap()),
+        rss_kib: kib.parse().unwrap(),
+        stdout: out.stdout,
+    }
+}
+
+/// Runs `nodefabric features` once on `root`.
+fn run_once(root: &Path) -> Run {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+    c.args(["features", "--sysfs-root", root.to_str().unwrap()]);
+    measured(&c)
 }
 
 /// What the plain reader touches: every link (read once) and every file
@@ -131,20 +165,18 @@ const TOOLS: [Tool; 2] = [
 
 /// Runs a tool once; its wall time. It must succeed and print something,
 /// or it did not read the tree.
-fn tool_once(mut cmd: Command) -> Duration {
-    let start = Instant::now();
-    let out = cmd.stderr(std::process::Stdio::null()).output().unwrap();
-    let t = start.elapsed();
-    assert!(out.status.success() && !out.stdout.is_empty(), "{cmd:?} failed");
-    t
+fn tool_once(cmd: Command) -> Duration {
+    let run = measured(&cmd);
+    assert!(!run.stdout.is_empty(), "{cmd:?} printed nothing");
+    run.wall
 }
 
-/// Runs the plain reader once as a process; its wall time.
-fn plain_once(manifest: &Path, root: &Path) -> Duration {
-    let start = Instant::now();
-    let status = Command::new(std::env::current_exe().unwrap()).arg("--plain").arg(manifest).arg(root).status().unwrap();
-    assert!(status.success());
-    start.elapsed()
+/// Runs the plain reader once as a process: the bench binary again, so it
+/// pays one process start as nodefabric does.
+fn plain_once(manifest: &Path, root: &Path) -> Run {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.arg("--plain").arg(manifest).arg(root);
+    measured(&c)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -156,6 +188,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--plain") {
         return plain(Path::new(&args[2]), Path::new(&args[3]));
+    }
+    if args.get(1).map(String::as_str) == Some("--measure") {
+        return measure(&args[2..]);
     }
     // `--tree DIR N`: only write the N-endpoint tree, for profiling by hand
     // (`strace -c -f nodefabric features --sysfs-root DIR`).
@@ -177,13 +212,15 @@ fn main() {
         fs::write(&manifest_file, checked_manifest(&tree, &list)).unwrap();
         run_once(&tree); // warm the page cache
         // Interleaved, so a change in machine load hits every side alike.
-        let (mut times, mut floors, mut rss) = (Vec::new(), Vec::new(), 0);
+        let (mut times, mut floors, mut rss, mut plain_rss) = (Vec::new(), Vec::new(), 0, 0);
         let mut tool_times: Vec<Option<Vec<Duration>>> = TOOLS.iter().map(|t| (t.run)(dir.path()).map(|_| Vec::new())).collect();
         for _ in 0..runs {
-            let (t, r) = run_once(&tree);
-            times.push(t);
-            rss = rss.max(r);
-            floors.push(plain_once(&manifest_file, &tree));
+            let ours = run_once(&tree);
+            times.push(ours.wall);
+            rss = rss.max(ours.rss_kib);
+            let floor = plain_once(&manifest_file, &tree);
+            floors.push(floor.wall);
+            plain_rss = plain_rss.max(floor.rss_kib);
             for (tool, acc) in TOOLS.iter().zip(&mut tool_times) {
                 if let (Some(acc), Some(cmd)) = (acc, (tool.run)(dir.path())) {
                     acc.push(tool_once(cmd));
@@ -208,15 +245,16 @@ fn main() {
                 }
             }
         }
-        println!("{endpoints:>5} endpoints: {t:?} (plain reader {f:?}, {} paths), peak RSS {rss} KiB", list.len());
+        println!("{endpoints:>5} endpoints: {t:?} (plain reader {f:?}, {} paths), peak RSS {rss} KiB (plain reader {plain_rss} KiB)", list.len());
         rows.push(format!(
-            "| {endpoints} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1} |",
+            "| {endpoints} | {} | {:.2} | {:.2} | {:.2}x | {} | {:.1} ({:.1}) |",
             list.len(),
             t.as_secs_f64() * 1e3,
             f.as_secs_f64() * 1e3,
             t.as_secs_f64() / f.as_secs_f64(),
             cells.join(" | "),
-            rss as f64 / 1024.0
+            rss as f64 / 1024.0,
+            plain_rss as f64 / 1024.0
         ));
     }
     let growth = |(a, ta): (u32, Duration), (b, tb): (u32, Duration)| (tb.as_secs_f64() / ta.as_secs_f64()).ln() / (f64::from(b) / f64::from(a)).ln();
@@ -228,14 +266,14 @@ fn main() {
     let section = format!(
         "## Discovery: `nodefabric features`\n\n\
          Generated trees (`tests/support/fixtures.rs::large`): 8 GPUs, 8 PFs, the rest VFs, a `config` file per PCI function, on tmpfs (/dev/shm) as sysfs is in memory. \
-         Median of {RUNS} runs (7 at 8192 endpoints) of the release binary, interleaved with the plain reader and the tools; peak RSS from wait4(2). \
+         Median of {RUNS} runs (7 at 8192 endpoints) of the release binary, interleaved with the plain reader and the tools, each started and timed by a small measuring process (the bench binary again), so that its peak RSS from wait4(2) is its own: a process started straight from the bench would be charged the bench's own memory. \
          The plain reader is a process that reads each link and each file a capture of the same tree records, once each, \
          by its path: no canonicalisation, no containment check, no listing of folders (the bench checks that list: each path once, of the kind read). \
          `lstopo` is hwloc's `lstopo-no-graphics --of console` with `HWLOC_FSROOT` at the tree; `lspci -tv` reads it with `-A linux-sysfs -O sysfs.path=TREE/bus/pci`; \
          each tool cell is its median and, in brackets, `features` time over the tool's (below 1 is faster).{missing} \
          The machine is shared with other builds, so figures move by 10-30% between runs; the ratios, taken from interleaved runs, move less. \
          Growth exponent of `features` from 8 to 8192 endpoints: {:.2}; from 512 to 8192: {:.2}.\n\n\
-         | endpoints | paths read | wall ms | plain reader ms | ratio | lstopo ms | lspci -tv ms | peak RSS MiB |\n|---|---|---|---|---|---|---|---|\n{}\n",
+         | endpoints | paths read | wall ms | plain reader ms | ratio | lstopo ms | lspci -tv ms | peak RSS MiB (plain reader's) |\n|---|---|---|---|---|---|---|---|\n{}\n",
         growth(medians[0], medians[2]),
         growth(medians[1], medians[2]),
         rows.join("\n")

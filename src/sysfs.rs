@@ -100,10 +100,10 @@ pub struct SysRoot {
 /// part of a pass to hash. The paths come from the tree being read; a tree
 /// built to collide them only slows its own pass down.
 #[derive(Debug, Clone, Copy, Default)]
-struct BuildPathHash;
+pub(crate) struct BuildPathHash;
 
 /// The running state of [`BuildPathHash`].
-struct PathHash(u64);
+pub(crate) struct PathHash(u64);
 
 impl PathHash {
     fn add(&mut self, word: u64) {
@@ -311,24 +311,32 @@ impl SysRoot {
     /// is asked for again costs nothing; a link asked for once is not kept.
     fn resolve_hops(&self, rel: &str, hops: u32, parent: bool) -> Result<String, Option<std::io::Error>> {
         let rel_t = rel.trim_start_matches('/');
-        if let Some(hit) = self.folders.lock().expect("folder cache lock").get(rel_t) {
-            return Ok(if hit.is_empty() { rel_t.to_string() } else { hit.clone() });
-        }
         let (folder, name) = match rel_t.rsplit_once('/') {
             Some((p, n)) => (Some(p), n),
             None => (None, rel_t),
         };
+        // One lock answers most asks: the path itself, else a name under a
+        // folder resolved before (joined while the cache is held, so the
+        // folder's path is not copied out first).
+        let known = {
+            let cache = self.folders.lock().expect("folder cache lock");
+            if let Some(hit) = cache.get(rel_t) {
+                return Ok(if hit.is_empty() { rel_t.to_string() } else { hit.clone() });
+            }
+            folder.and_then(|p| cache.get(p).map(|hit| join(if hit.is_empty() { p } else { hit }, name)))
+        };
         if hops > 40 || name.is_empty() || name == "." || name == ".." || folder.is_some_and(|p| p.is_empty()) {
             return Err(None);
         }
-        let dir = match folder {
-            None => String::new(),
-            Some(p) => self.resolve_hops(p, hops, true).map_err(|_| None)?,
+        let candidate = match (known, folder) {
+            (Some(c), _) => c,
+            (None, None) => name.to_string(),
+            (None, Some(p)) => join(&self.resolve_hops(p, hops, true).map_err(|_| None)?, name),
         };
-        let candidate = join(&dir, name);
-        let text = match self.read_link_under(&candidate) {
+        let mut link = [0u8; 512];
+        let text = match self.read_link_under(&candidate, &mut link) {
             Ok(t) => t,
-            // Not a link: the entry is there, and canonical under `dir`.
+            // Not a link: the entry is there, and canonical under its folder.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.remember(rel_t, &candidate);
                 return Ok(candidate);
@@ -339,23 +347,24 @@ impl SysRoot {
         // The text as sysfs writes it: `../` climbs, then plain names. Anything
         // else (absolute, `.`, `..` or an empty name after a name, bytes that
         // are not UTF-8) is the full walk's to resolve.
-        let Some(text) = text.to_str() else { return Err(None) };
-        let mut base = dir;
+        let Ok(text) = std::str::from_utf8(text) else { return Err(None) };
+        let mut base = &candidate[..candidate.len() - name.len()];
+        base = base.strip_suffix('/').unwrap_or(base);
         let mut rest = text;
         while let Some(r) = rest.strip_prefix("../") {
             // Climbing above the root is an escape: the walk names it.
             if base.is_empty() {
                 return Err(None);
             }
-            base.truncate(base.rfind('/').unwrap_or(0));
+            base = &base[..base.rfind('/').unwrap_or(0)];
             rest = r;
         }
         if rest.is_empty() || rest.split('/').any(|n| n.is_empty() || n == "." || n == "..") {
             return Err(None);
         }
-        let target = join(&base, rest);
+        let target = join(base, rest);
         // Several names past what is known: one call checks them all.
-        if rest.contains('/') && !self.known_folder(&target) && self.all_plain(&base, &target) {
+        if rest.contains('/') && !self.known_folder(&target) && self.all_plain(base, &target) {
             if parent {
                 self.remember(rel_t, &target);
             }
@@ -401,27 +410,34 @@ impl SysRoot {
     }
 
     /// The text of the link at `rel`, a path under the root with no link
-    /// before its last name (a canonical folder and a name), as
-    /// `fs::read_link` gives it; not a link: EINVAL.
-    fn read_link_under(&self, rel: &str) -> std::io::Result<PathBuf> {
+    /// before its last name (a canonical folder and a name), read into
+    /// `buf`; not a link: EINVAL. sysfs link texts are short: one that
+    /// fills `buf` is refused (ENAMETOOLONG), for the full walk to follow.
+    fn read_link_under<'b>(&self, rel: &str, buf: &'b mut [u8; 512]) -> std::io::Result<&'b [u8]> {
         use std::os::fd::AsRawFd;
-        use std::os::unix::ffi::OsStringExt;
-        let Some(dir) = &self.handle else { return fs::read_link(self.root.join(rel)) };
-        // sysfs link texts are short; a longer one is read again whole.
-        let mut buf = [0u8; 512];
-        let n = with_c_path(rel, |path| {
-            // SAFETY: a valid directory fd, a NUL-terminated path and a buffer
-            // of the length passed; the kernel writes at most that many bytes.
-            let n = unsafe { libc::readlinkat(dir.as_raw_fd(), path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error());
+        use std::os::unix::ffi::OsStrExt;
+        let n = match &self.handle {
+            Some(dir) => with_c_path(rel, |path| {
+                // SAFETY: a valid directory fd, a NUL-terminated path and a buffer
+                // of the length passed; the kernel writes at most that many bytes.
+                let n = unsafe { libc::readlinkat(dir.as_raw_fd(), path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+                if n < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(n as usize)
+            })?,
+            None => {
+                let text = fs::read_link(self.root.join(rel))?;
+                let bytes = text.as_os_str().as_bytes();
+                let n = bytes.len().min(buf.len());
+                buf[..n].copy_from_slice(&bytes[..n]);
+                n
             }
-            Ok(n)
-        })?;
-        if n as usize == buf.len() {
-            return fs::read_link(self.root.join(rel));
+        };
+        if n == buf.len() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
         }
-        Ok(PathBuf::from(std::ffi::OsString::from_vec(buf[..n as usize].to_vec())))
+        Ok(&buf[..n])
     }
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
@@ -585,16 +601,10 @@ impl SysRoot {
             let last = rel_t.rsplit('/').next().unwrap_or("");
             let settled = !matches!(last, "" | "." | "..") && self.in_canonical_folder(rel_t);
             match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }) {
-                Ok(entries) => {
-                    let mut names = Vec::with_capacity(entries.len());
-                    for (name, is_dir) in entries {
-                        // A folder under a canonical folder is canonical:
-                        // remembered, so a link to it resolves with no call.
-                        if settled && is_dir {
-                            self.remember_canonical(&join(rel_t, &name));
-                        }
-                        names.push(name);
-                    }
+                // What is listed is not remembered: a listed folder is read
+                // through the kernel's own walk, and only a read that fails
+                // asks which folders are canonical.
+                Ok(mut names) => {
                     names.sort();
                     return Ok(names);
                 }
@@ -688,10 +698,9 @@ fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The entries of the folder `rel` beneath `dir`, opened as
-/// [`openat2_raw`] opens a file (with `flags` added), each with whether
-/// it is a folder (not a link to one).
-fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<(String, bool)>> {
+/// The entry names of the folder `rel` beneath `dir`, opened as
+/// [`openat2_raw`] opens a file (with `flags` added).
+fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<String>> {
     use std::os::fd::AsRawFd;
     let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK | flags)?;
     // getdents64(2) straight into a buffer: `opendir` would add an fstat
@@ -720,16 +729,11 @@ fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> st
                 // Not what the kernel writes: ask the long way.
                 return Err(std::io::Error::from(std::io::ErrorKind::InvalidData));
             }
-            let kind = buf[at + 18];
             let raw = &buf[at + 19..at + reclen];
             let name = &raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())];
             if name != b"." && name != b".." {
-                // A name that is not UTF-8 is listed as best it can be, and
-                // never taken as a path to remember.
-                match std::str::from_utf8(name) {
-                    Ok(n) => names.push((n.to_string(), kind == libc::DT_DIR)),
-                    Err(_) => names.push((String::from_utf8_lossy(name).into_owned(), false)),
-                }
+                // A name that is not UTF-8 is listed as best it can be.
+                names.push(String::from_utf8_lossy(name).into_owned());
             }
             at += reclen;
         }
@@ -753,12 +757,25 @@ fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
 /// when it fits (every sysfs path does): one heap allocation less per call.
 fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>) -> std::io::Result<T> {
     let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
-    let mut buf = [0u8; 512];
-    if rel.len() < buf.len() {
-        buf[..rel.len()].copy_from_slice(rel.as_bytes());
-        return f(std::ffi::CStr::from_bytes_with_nul(&buf[..=rel.len()]).map_err(|_| invalid())?);
+    let bytes = rel.as_bytes();
+    // A NUL inside would end the path early: refused, as `CString` would.
+    if bytes.contains(&0) {
+        return Err(invalid());
     }
-    f(&std::ffi::CString::new(rel).map_err(|_| invalid())?)
+    // Left unwritten past the path and its NUL: zeroing the buffer on every
+    // call cost as much as the copy.
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 512];
+    if bytes.len() >= buf.len() {
+        return f(&std::ffi::CString::new(rel).map_err(|_| invalid())?);
+    }
+    // SAFETY: `bytes` fits in `buf` with a byte to spare (checked above),
+    // and the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    buf[bytes.len()].write(0);
+    // SAFETY: the first `len + 1` bytes were just written: the path, which
+    // holds no NUL (checked above), and its terminating NUL.
+    let path = unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), bytes.len() + 1)) };
+    f(path)
 }
 
 /// Opens `rel` beneath `dir` read-only with `flags` added, the kernel

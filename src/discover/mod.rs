@@ -97,9 +97,9 @@ fn stamp_first_seen(record: &mut NodeRecord, previous: Option<&NodeRecord>, now:
         }
     }
     record.for_each_endpoint_mut(|iface| {
-        let key = (iface.rdma_device.clone(), iface.pci_bus_id.clone());
         if let Some(link) = iface.link.as_mut() {
             if link.state == LinkState::Failed {
+                let key = (iface.rdma_device.clone(), iface.pci_bus_id.clone());
                 link.first_seen = Some(seen.get(&key).cloned().unwrap_or_else(|| now.to_string()));
             }
         }

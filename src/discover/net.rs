@@ -21,7 +21,7 @@ pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
             let at = locate(root, &name);
             (name, at)
         }).collect();
-    let mut vf_netdevs = VfNetdevs::new();
+    let mut vf_netdevs = VfNetdevs::default();
     for (name, at) in &located {
         if let Ok(Located { netdir, device: Some(dev), is_vf: true }) = at {
             // Names come sorted, so the first kept is the one a listing of
@@ -55,7 +55,7 @@ struct Located {
 }
 
 /// VF device folder → (interface name, canonical net folder), from `class/net`.
-type VfNetdevs<'a> = std::collections::HashMap<&'a str, (&'a str, &'a str)>;
+type VfNetdevs<'a> = std::collections::HashMap<&'a str, (&'a str, &'a str), crate::sysfs::BuildPathHash>;
 
 /// Resolves one `class/net` entry's folders.
 fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {

@@ -94,7 +94,7 @@ fn parse_dev(value: &str) -> Option<(u32, u32)> {
 /// `class/infiniband_verbs/*/{ibdev,dev}`.
 #[derive(Debug, Default)]
 pub struct VerbsIndex {
-    by_ibdev: HashMap<String, CharDevice>,
+    by_ibdev: HashMap<String, CharDevice, crate::sysfs::BuildPathHash>,
     checked: Vec<String>,
     /// Some entry (or the class folder) could not be read, so a device
     /// missing from the index may be there: its absence is no answer.
