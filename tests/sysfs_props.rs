@@ -1,0 +1,153 @@
+//! Property tests of root-confined resolution (`SysRoot`) against the
+//! kernel's own: a tree of folders and files with relative links added at
+//! random (links in the middle of paths, links climbing out of the root,
+//! links to nothing, links to links, loops), asked random paths in random
+//! order, twice each. Every
+//! answer must match `fs::canonicalize` with a containment check: the same
+//! canonical path inside the root, an escape refused, a missing path or a
+//! dangling link an error. The fast paths (the pass's resolution cache, one
+//! `openat2` for a target of several names, link texts parsed in place) may
+//! only ever agree with that reference.
+
+use nodefabric::sysfs::{SysError, SysRoot};
+use proptest::prelude::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Names the generated paths are made of: folders `a`, `b`, `c` (every
+/// one of them to depth three, each holding a file `f`), and links `l`,
+/// `m` placed at random, so most asked paths exist and many pass links.
+const NAMES: [&str; 6] = ["a", "b", "c", "f", "l", "m"];
+
+fn path_of(ix: &[usize]) -> String {
+    ix.iter().map(|&i| NAMES[i]).collect::<Vec<_>>().join("/")
+}
+
+/// A link named `l` or `m` in the folder `at`, whose text climbs `up`
+/// folders and then names `rest`.
+#[derive(Debug, Clone)]
+struct Link {
+    at: Vec<usize>,
+    name: usize,
+    up: usize,
+    rest: Vec<usize>,
+}
+
+fn link() -> impl Strategy<Value = Link> {
+    (
+        prop::collection::vec(0usize..3, 0..3),
+        4usize..6,
+        0usize..5,
+        prop::collection::vec(0usize..3, 0..3),
+        prop::option::weighted(0.4, 3usize..6),
+    )
+        .prop_map(|(at, name, up, mut rest, last)| {
+            rest.extend(last);
+            if rest.is_empty() {
+                rest.push(0);
+            }
+            Link { at, name, up, rest }
+        })
+}
+
+/// An asked path: folders, then (mostly) a link, more folders, and the file.
+fn query() -> impl Strategy<Value = Vec<usize>> {
+    (
+        prop::collection::vec(0usize..3, 0..3),
+        prop::option::weighted(0.8, 4usize..6),
+        prop::collection::vec(0usize..3, 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(mut q, link, more, file)| {
+            q.extend(link);
+            q.extend(more);
+            if file || q.is_empty() {
+                q.push(3);
+            }
+            q
+        })
+}
+
+/// Builds the tree: the full folder tree first, then the links; a link
+/// whose place is taken already (or whose folder is itself a link) is left
+/// out, as the order of creation decides.
+fn build(root: &Path, links: &[Link]) {
+    for d1 in 0..3 {
+        for d2 in 0..3 {
+            for d3 in 0..3 {
+                fs::create_dir_all(root.join(path_of(&[d1, d2, d3]))).unwrap();
+                for p in [vec![d1], vec![d1, d2], vec![d1, d2, d3]] {
+                    fs::write(root.join(path_of(&p)).join("f"), "7\n").unwrap();
+                }
+            }
+        }
+    }
+    for l in links {
+        let folder = root.join(path_of(&l.at));
+        let at = folder.join(NAMES[l.name]);
+        if fs::symlink_metadata(&at).is_err() {
+            let _ = std::os::unix::fs::symlink(format!("{}{}", "../".repeat(l.up), path_of(&l.rest)), at);
+        }
+    }
+}
+
+/// What the kernel says `rel` resolves to, in `SysRoot`'s terms.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Inside(String),
+    Escapes,
+    Missing,
+}
+
+fn reference(root: &Path, rel: &str) -> Answer {
+    match fs::canonicalize(root.join(rel)) {
+        Ok(p) => match p.strip_prefix(root) {
+            Ok(r) => Answer::Inside(r.to_string_lossy().into_owned()),
+            Err(_) => Answer::Escapes,
+        },
+        Err(_) => Answer::Missing,
+    }
+}
+
+fn ours(sys: &SysRoot, rel: &str) -> Answer {
+    match sys.resolve(rel) {
+        Ok(p) => Answer::Inside(p),
+        Err(SysError::Escapes { .. }) => Answer::Escapes,
+        Err(_) => Answer::Missing,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn resolution_agrees_with_the_kernel(
+        links in prop::collection::vec(link(), 4..32),
+        queries in prop::collection::vec(query(), 1..32),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        // The tree one folder down, so a climb out of it lands somewhere real.
+        let root: PathBuf = fs::canonicalize(dir.path()).unwrap().join("sys");
+        fs::create_dir(&root).unwrap();
+        fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        fs::write(dir.path().join("a/f"), "outside\n").unwrap();
+        build(&root, &links);
+        let sys = SysRoot::new(&root).unwrap();
+        // Twice over: the second round answers from what the first cached.
+        for round in 0..2 {
+            for q in &queries {
+                let rel = path_of(q);
+                let want = reference(&root, &rel);
+                prop_assert_eq!(&ours(&sys, &rel), &want, "round {}: resolve {}", round, rel);
+                // A read lands where resolution does, or fails as it does.
+                let read = sys.read(&rel);
+                match &want {
+                    Answer::Inside(p) if root.join(p).is_file() => prop_assert_eq!(read.ok(), Some("7\n".to_string()), "read {}", rel),
+                    Answer::Escapes => prop_assert!(matches!(read, Err(SysError::Escapes { .. })), "read {} escaped: {:?}", rel, read),
+                    _ => prop_assert!(read.is_err(), "read {}: {:?}", rel, read),
+                }
+                prop_assert_eq!(sys.exists(&rel), matches!(want, Answer::Inside(_)), "exists {}", rel);
+            }
+        }
+    }
+}
