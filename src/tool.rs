@@ -24,10 +24,29 @@ pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, St
     })
 }
 
+/// False only when nothing named `bin` is there to start: a path that
+/// names nothing, or a bare name found in no folder of `PATH` (an empty
+/// entry is the working folder, as exec reads it). Then no process is
+/// started to learn what a look at the folders says; anything found, even
+/// unrunnable, is left for the spawn to start or to refuse in its words.
+fn may_be_installed(bin: &Path) -> bool {
+    if bin.components().count() > 1 {
+        return std::fs::symlink_metadata(bin).is_ok();
+    }
+    let Some(path) = std::env::var_os("PATH") else { return true };
+    std::env::split_paths(&path).any(|dir| {
+        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir.as_path() };
+        std::fs::symlink_metadata(dir.join(bin)).is_ok()
+    })
+}
+
 /// [`output`], with `Ok(None)` when the tool is not installed at all: for
 /// callers that have another way to the answer (rails fall back to the
 /// PCIe walk when there is no `nvidia-smi`).
 pub fn output_if_installed(bin: &Path, args: &[&str], timeout: Duration) -> Result<Option<String>, String> {
+    if !may_be_installed(bin) {
+        return Ok(None);
+    }
     let cmd = format!("{} {}", bin.display(), args.join(" "));
     let mut child = match Command::new(bin)
         .args(args)
@@ -95,6 +114,22 @@ mod tests {
     fn a_missing_tool_names_itself() {
         let e = output(Path::new("/nonexistent/nvidia-smi"), &["-q"], DEFAULT_TIMEOUT).unwrap_err();
         assert!(e.contains("/nonexistent/nvidia-smi -q"), "{e}");
+    }
+
+    #[test]
+    fn a_tool_found_nowhere_is_not_started_and_one_found_is() {
+        assert!(!may_be_installed(Path::new("nodefabric-no-such-tool")));
+        assert!(!may_be_installed(Path::new("/nonexistent/nvidia-smi")));
+        assert!(may_be_installed(Path::new("sh")), "sh is on every PATH");
+        assert!(may_be_installed(Path::new("/bin/sh")));
+        let e = output(Path::new("nodefabric-no-such-tool"), &["-q"], DEFAULT_TIMEOUT).unwrap_err();
+        assert_eq!(e, format!("running nodefabric-no-such-tool -q: {}", std::io::Error::from_raw_os_error(libc::ENOENT)));
+        // A file that is there but cannot be run is the spawn's to refuse.
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("not-a-program");
+        std::fs::write(&plain, "text").unwrap();
+        let e = output(&plain, &[], DEFAULT_TIMEOUT).unwrap_err();
+        assert!(e.contains("Permission denied"), "{e}");
     }
 
     #[test]
