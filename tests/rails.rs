@@ -489,6 +489,19 @@ fn the_helm_values_block_configures_the_same_record_and_flags_win() {
 }
 
 #[test]
+fn a_values_file_larger_than_a_configmap_is_refused_naming_it() {
+    let n = Node::new();
+    let lldp_file = n.lldp(&ALL_RAIL_PORTS);
+    // Valid YAML up front, then a comment running past 1 MiB: refused
+    // before it is parsed, and never read whole.
+    let big = format!("enabled: true\n#{}\n", "x".repeat(1 << 20));
+    let p = n.write("huge.yaml", &big);
+    let o = n.rails(&["--rails-config", p.to_str().unwrap(), "--lldp-json", lldp_file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("huge.yaml") && err.contains("larger than 1048576 bytes"), "{err}");
+}
+
+#[test]
 fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
     let n = Node::new();
     let good = n.lldp(&ALL_RAIL_PORTS);

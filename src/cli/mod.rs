@@ -286,8 +286,9 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         Command::Rails(r) => {
             // Where the record goes is checked first: a misuse of the flags
             // is reported before anything asks the cluster.
-            let target = r.rails.target()?;
-            let options = r.rails.options(cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
+            let config = r.rails.config()?;
+            let target = r.rails.target(config.as_ref())?;
+            let options = r.rails.options(config.as_ref(), cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rails::rail_record(cli, &pass, &options)?;
             if let Some(target) = target {

@@ -127,9 +127,9 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    let rails = args.rails.target().and_then(|target| match (&args.rails_file, target) {
+    let rails = args.rails.config().and_then(|config| match (&args.rails_file, args.rails.target(config.as_ref())?) {
         (None, None) => Ok(()),
-        (file, target) => publish_rails(cli, &pass, &args.rails, file.as_deref(), target.as_ref()),
+        (file, target) => publish_rails(cli, &pass, &args.rails, config.as_ref(), file.as_deref(), target.as_ref()),
     });
     cdi.and(rails)
 }

@@ -70,18 +70,24 @@ pub struct RailArgs {
 }
 
 impl RailArgs {
-    /// The rail options, flags over the config file.
-    pub fn options(&self, nvidia_smi: Option<&Path>, timeout: std::time::Duration) -> Result<rails::Options> {
-        let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
-        if let Some(c) = &config {
+    /// The values file of `--rails-config`, read once per pass, so that
+    /// where the record goes and how it is built come from one version of
+    /// it (a ConfigMap mount may change between two reads).
+    pub fn config(&self) -> Result<Option<rails::config::RailConfig>> {
+        self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()
+    }
+
+    /// The rail options, flags over the config file (as [`Self::config`] read it).
+    pub fn options(&self, config: Option<&rails::config::RailConfig>, nvidia_smi: Option<&Path>, timeout: std::time::Duration) -> Result<rails::Options> {
+        if let Some(c) = config {
             if !c.enabled {
                 anyhow::bail!("{}: gpuNicRailMapping is disabled (enabled: false)", self.rails_config.as_ref().unwrap().display());
             }
         }
-        let source = self.rail_source.clone().or_else(|| config.as_ref().map(|c| c.rail_source.name.clone()));
+        let source = self.rail_source.clone().or_else(|| config.map(|c| c.rail_source.name.clone()));
         let source = source.as_deref().unwrap_or(rails::HOST_LLDP);
         // The config's port settings count only for the source they belong to.
-        let lldp_cfg = config.as_ref().filter(|c| c.rail_source.name == source).and_then(|c| c.rail_source.ports().cloned());
+        let lldp_cfg = config.filter(|c| c.rail_source.name == source).and_then(|c| c.rail_source.ports().cloned());
         let regex = self
             .interface_regex
             .clone()
@@ -112,9 +118,8 @@ impl RailArgs {
     /// node's NodeRailRecord (--rails-record custom-resource), or its key of
     /// --rails-configmap, else of configMapName from --rails-config where a
     /// cluster is configured.
-    pub fn target(&self) -> Result<Option<cluster::args::Target>> {
-        let config = self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()?;
-        self.cluster.target(config.as_ref().and_then(|c| c.config_map_name.as_deref()))
+    pub fn target(&self, config: Option<&rails::config::RailConfig>) -> Result<Option<cluster::args::Target>> {
+        self.cluster.target(config.and_then(|c| c.config_map_name.as_deref()))
     }
 }
 
@@ -126,7 +131,14 @@ pub(super) fn rail_record(cli: &Cli, pass: &Pass, options: &rails::Options) -> R
 
 /// Writes the rail record to `file` if it changed, and to this node's
 /// cluster record (`target`); on failure the previous file and record stay.
-pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Option<&Path>, target: Option<&cluster::args::Target>) -> Result<()> {
+pub(super) fn publish_rails(
+    cli: &Cli,
+    pass: &Pass,
+    args: &RailArgs,
+    config: Option<&rails::config::RailConfig>,
+    file: Option<&Path>,
+    target: Option<&cluster::args::Target>,
+) -> Result<()> {
     let kept = match (file, target) {
         (Some(f), Some(t)) => format!("previous {} and {t} kept", f.display()),
         (Some(f), None) => format!("previous {} kept", f.display()),
@@ -134,7 +146,7 @@ pub(super) fn publish_rails(cli: &Cli, pass: &Pass, args: &RailArgs, file: Optio
         (None, None) => String::new(),
     };
     let record = args
-        .options(cli.nvidia_smi.as_deref(), cli.tool_timeout)
+        .options(config, cli.nvidia_smi.as_deref(), cli.tool_timeout)
         .and_then(|o| rail_record(cli, pass, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
     // The file does not wait on the cluster: each fails or succeeds on its own.

@@ -24,6 +24,10 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 
+/// The largest values file read: a ConfigMap, where it is mounted from,
+/// holds at most 1 MiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// The `gpuNicRailMapping` block.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -129,10 +133,10 @@ impl RailConfig {
         Ok(config)
     }
 
-    /// Reads and parses a config file.
+    /// Reads and parses a config file, refusing one larger than a
+    /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]).
     pub fn read(path: &Path) -> Result<RailConfig> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = super::read_capped_text(path, MAX_CONFIG_BYTES, "a rails values file")?;
         RailConfig::parse(&text, path)
     }
 }

@@ -432,18 +432,21 @@ pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
 /// Reads a saved nvidia-smi output (a file or a pipe), refusing one over
 /// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
 fn read_text(path: &std::path::Path) -> Result<String> {
+    read_capped_text(path, MAX_SAVED_OUTPUT, "an nvidia-smi output")
+}
+
+/// Reads a text input given by path (a file, or a pipe such as a shell's
+/// `<(…)`), refusing one over `max` bytes (it is not `what`) or not UTF-8,
+/// naming the path: an input of no bound is never read whole into memory.
+pub(crate) fn read_capped_text(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
     use std::io::Read;
     let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut bytes = Vec::new();
-    file.take(MAX_SAVED_OUTPUT + 1)
+    file.take(max + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("reading {}", path.display()))?;
-    if bytes.len() as u64 > MAX_SAVED_OUTPUT {
-        bail!(
-            "{}: larger than {} bytes, not an nvidia-smi output",
-            path.display(),
-            MAX_SAVED_OUTPUT
-        );
+    if bytes.len() as u64 > max {
+        bail!("{}: larger than {max} bytes, not {what}", path.display());
     }
     String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
