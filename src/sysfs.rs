@@ -150,6 +150,16 @@ pub enum Entry {
 /// Everything a recording [`SysRoot`] touched.
 pub type Recorded = BTreeMap<String, Entry>;
 
+/// What one pass's resolutions know of a path (see [`SysRoot::resolve`]).
+enum Known {
+    /// It was resolved: to this canonical path.
+    Resolved(String),
+    /// Only its folder was resolved.
+    Folder,
+    /// Neither it nor its folder.
+    Neither,
+}
+
 impl SysRoot {
     /// Opens a tree; the root itself is canonicalised so that containment
     /// checks compare like with like.
@@ -363,12 +373,20 @@ impl SysRoot {
             return Err(None);
         }
         let target = join(base, rest);
-        // Several names past what is known: one call checks them all.
-        if rest.contains('/') && !self.known_folder(&target) && self.all_plain(base, &target) {
-            if parent {
-                self.remember(rel_t, &target);
+        // Several names past what is known: one call checks them all. A
+        // target this pass has resolved is answered by the same look.
+        if rest.contains('/') {
+            let answer = match self.cached_or_known_folder(&target) {
+                Known::Resolved(out) => Some(out),
+                Known::Folder => None,
+                Known::Neither => self.all_plain(base, &target).then_some(target.clone()),
+            };
+            if let Some(out) = answer {
+                if parent {
+                    self.remember(rel_t, &out);
+                }
+                return Ok(out);
             }
-            return Ok(target);
         }
         // A target that does not resolve is a dangling link: the walk says so.
         let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
@@ -378,10 +396,17 @@ impl SysRoot {
         Ok(out)
     }
 
-    /// True when this pass has resolved the folder holding `rel`, or `rel`.
-    fn known_folder(&self, rel: &str) -> bool {
+    /// What this pass knows of `rel`: where it resolved to, or only that
+    /// its folder resolved, or nothing (one lock, at most two looks).
+    fn cached_or_known_folder(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
-        cache.contains_key(rel) || rel.rsplit_once('/').is_some_and(|(folder, _)| cache.contains_key(folder))
+        if let Some(hit) = cache.get(rel) {
+            return Known::Resolved(if hit.is_empty() { rel.to_string() } else { hit.clone() });
+        }
+        match rel.rsplit_once('/') {
+            Some((folder, _)) if cache.contains_key(folder) => Known::Folder,
+            _ => Known::Neither,
+        }
     }
 
     /// True when `rel` exists beneath the root with no link anywhere on its
@@ -399,13 +424,14 @@ impl SysRoot {
         if checked.is_err() {
             return false;
         }
-        // Every folder past `known`, then `rel` itself.
+        // Every folder past `known`, then `rel` itself, under one lock.
+        let mut cache = self.folders.lock().expect("folder cache lock");
         let mut from = if known.is_empty() { 0 } else { known.len() + 1 };
         while let Some(slash) = rel[from..].find('/') {
-            self.remember_canonical(&rel[..from + slash]);
+            cache.insert(rel[..from + slash].to_string(), String::new());
             from += slash + 1;
         }
-        self.remember_canonical(rel);
+        cache.insert(rel.to_string(), String::new());
         true
     }
 
@@ -446,11 +472,6 @@ impl SysRoot {
         // a key): one string per entry, not two.
         let value = if rel == canonical { String::new() } else { canonical.to_string() };
         self.folders.lock().expect("folder cache lock").insert(rel.to_string(), value);
-    }
-
-    /// Remembers `rel` as canonical (see [`Self::remember`]).
-    fn remember_canonical(&self, rel: &str) {
-        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), String::new());
     }
 
     /// True when the folder holding `rel` is known, from this pass, to be
