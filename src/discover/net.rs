@@ -16,11 +16,14 @@ pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
     // Every entry's folders first: a VF's netdev is one of these entries, so
     // its PF learns the VF's interface name from this walk instead of
     // listing each VF's `net` folder again.
-    let located: Vec<(String, Result<Located, SysError>)> =
-        root.list("class/net")?.into_iter().map(|name| {
+    let located: Vec<(String, Result<Located, SysError>)> = root
+        .list("class/net")?
+        .into_iter()
+        .map(|name| {
             let at = locate(root, &name);
             (name, at)
-        }).collect();
+        })
+        .collect();
     let mut vf_netdevs = VfNetdevs::default();
     for (name, at) in &located {
         if let Ok(Located { netdir, device: Some(dev), is_vf: true }) = at {
@@ -83,7 +86,7 @@ fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs) -
     iface
 }
 
-/// Which kind of PCI function [`build`] reads, which decides what it reads.
+/// What kind of function [`build`] reads; a VF is read with less.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Function {
     /// An interface of its own (a PF, a plain NIC, a virtual interface):
