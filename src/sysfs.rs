@@ -862,6 +862,17 @@ pub fn basename(rel: &str) -> &str {
 mod tests {
     use super::*;
 
+    /// The tree at `dir` opened each way a host may allow: with
+    /// `openat2(2)`, without it (a kernel before 5.6, or a seccomp filter
+    /// refusing it), and without even a root handle. Each must answer alike.
+    fn every_way(dir: &Path) -> Vec<(&'static str, SysRoot)> {
+        let full = SysRoot::new(dir).unwrap();
+        assert!(full.beneath.is_some(), "openat2 answers on this kernel");
+        let no_openat2 = SysRoot { beneath: None, ..SysRoot::new(dir).unwrap() };
+        let no_handle = SysRoot { beneath: None, handle: None, ..SysRoot::new(dir).unwrap() };
+        vec![("openat2", full), ("no openat2", no_openat2), ("no root handle", no_handle)]
+    }
+
     #[test]
     fn a_read_through_a_link_out_of_the_root_is_refused_by_either_path() {
         let dir = tempfile::tempdir().unwrap();
@@ -870,11 +881,12 @@ mod tests {
         fs::create_dir(dir.path().join("net")).unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("net/evil")).unwrap();
         std::os::unix::fs::symlink("../../..", dir.path().join("net/up")).unwrap();
-        let root = SysRoot::new(dir.path()).unwrap();
-        for rel in ["net/evil/mtu", "net/up/etc/hostname"] {
-            match root.read(rel) {
-                Err(SysError::Escapes { .. }) => {}
-                other => panic!("{rel}: {other:?}"),
+        for (way, root) in every_way(dir.path()) {
+            for rel in ["net/evil/mtu", "net/up/etc/hostname"] {
+                match root.read(rel) {
+                    Err(SysError::Escapes { .. }) => {}
+                    other => panic!("{way}: {rel}: {other:?}"),
+                }
             }
         }
     }
@@ -885,8 +897,9 @@ mod tests {
         let c = std::ffi::CString::new(dir.path().join("state").into_os_string().into_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-        let root = SysRoot::new(dir.path()).unwrap();
-        assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })));
+        for (way, root) in every_way(dir.path()) {
+            assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })), "{way}");
+        }
     }
 
     #[test]
@@ -897,11 +910,12 @@ mod tests {
         fs::write(dir.path().join("full"), "y".repeat(MAX_ATTR_BYTES as usize)).unwrap();
         fs::write(dir.path().join("over"), "z".repeat(MAX_ATTR_BYTES as usize + 1)).unwrap();
         fs::write(dir.path().join("short"), " 7\n").unwrap();
-        let root = SysRoot::new(dir.path()).unwrap();
-        assert_eq!(root.read("long").unwrap(), long);
-        assert_eq!(root.read("full").unwrap().len(), MAX_ATTR_BYTES as usize);
-        assert!(matches!(root.read("over"), Err(SysError::TooLarge { .. })));
-        assert_eq!(root.read_trimmed("short").unwrap(), "7");
+        for (way, root) in every_way(dir.path()) {
+            assert_eq!(root.read("long").unwrap(), long, "{way}");
+            assert_eq!(root.read("full").unwrap().len(), MAX_ATTR_BYTES as usize, "{way}");
+            assert!(matches!(root.read("over"), Err(SysError::TooLarge { .. })), "{way}");
+            assert_eq!(root.read_trimmed("short").unwrap(), "7", "{way}");
+        }
     }
 
     #[test]
@@ -916,20 +930,21 @@ mod tests {
         std::os::unix::fs::symlink("../devices/dev0", dir.path().join("class/dev0")).unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("class/evil")).unwrap();
         std::os::unix::fs::symlink("../devices/gone", dir.path().join("class/gone")).unwrap();
-        let root = SysRoot::new(dir.path()).unwrap();
-        assert_eq!(root.list("class/dev0/ports").unwrap(), ["1", "10", "2"]);
-        assert!(matches!(root.list("class/evil"), Err(SysError::Escapes { .. })));
-        assert!(matches!(root.list("class/gone"), Err(SysError::Dangling { .. })));
-        assert!(root.list("class/none").unwrap_err().is_not_found());
-        // Listed from a canonical folder, a climb back up is still a listing
-        // of the folder it lands in, and nothing under it is taken as canonical.
-        assert_eq!(root.list("devices/dev0/ports/..").unwrap(), ["ports"]);
-        assert_eq!(root.resolve("devices/dev0/ports/../ports/1").unwrap(), "devices/dev0/ports/1");
-        // A link asked for twice resolves the same, the second time from the cache.
-        for _ in 0..2 {
-            assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1");
-            assert!(matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })));
-            assert!(!root.exists("class/dev0/nothing"));
+        for (way, root) in every_way(dir.path()) {
+            assert_eq!(root.list("class/dev0/ports").unwrap(), ["1", "10", "2"], "{way}");
+            assert!(matches!(root.list("class/evil"), Err(SysError::Escapes { .. })), "{way}");
+            assert!(matches!(root.list("class/gone"), Err(SysError::Dangling { .. })), "{way}");
+            assert!(root.list("class/none").unwrap_err().is_not_found(), "{way}");
+            // Listed from a canonical folder, a climb back up is still a listing
+            // of the folder it lands in, and nothing under it is taken as canonical.
+            assert_eq!(root.list("devices/dev0/ports/..").unwrap(), ["ports"], "{way}");
+            assert_eq!(root.resolve("devices/dev0/ports/../ports/1").unwrap(), "devices/dev0/ports/1", "{way}");
+            // A link asked for twice resolves the same, the second time from the cache.
+            for _ in 0..2 {
+                assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1", "{way}");
+                assert!(matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })), "{way}");
+                assert!(!root.exists("class/dev0/nothing"), "{way}");
+            }
         }
     }
 
@@ -948,13 +963,35 @@ mod tests {
         std::os::unix::fs::symlink("../devices/alias/net/eth0", dir.path().join("class/inside")).unwrap();
         std::os::unix::fs::symlink("../devices/away/net/eth0", dir.path().join("class/outside")).unwrap();
         std::os::unix::fs::symlink("../devices/real/net/eth0", dir.path().join("class/plain")).unwrap();
-        let root = SysRoot::new(dir.path()).unwrap();
-        for _ in 0..2 {
-            assert_eq!(root.resolve("class/inside").unwrap(), "devices/real/net/eth0");
-            assert_eq!(root.resolve("class/plain").unwrap(), "devices/real/net/eth0");
-            assert!(matches!(root.resolve("class/outside"), Err(SysError::Escapes { .. })));
-            assert!(matches!(root.read("class/outside/mtu"), Err(SysError::Escapes { .. })));
-            assert_eq!(root.read_trimmed("class/inside/mtu").unwrap(), "1500");
+        for (way, root) in every_way(dir.path()) {
+            for _ in 0..2 {
+                assert_eq!(root.resolve("class/inside").unwrap(), "devices/real/net/eth0", "{way}");
+                assert_eq!(root.resolve("class/plain").unwrap(), "devices/real/net/eth0", "{way}");
+                assert!(matches!(root.resolve("class/outside"), Err(SysError::Escapes { .. })), "{way}");
+                assert!(matches!(root.read("class/outside/mtu"), Err(SysError::Escapes { .. })), "{way}");
+                assert_eq!(root.read_trimmed("class/inside/mtu").unwrap(), "1500", "{way}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_link_text_longer_than_the_link_buffer_resolves_the_long_way() {
+        let dir = tempfile::tempdir().unwrap();
+        // Five names of 120 bytes: a link text of over 600 bytes, more than
+        // the stack buffer a link is first read into.
+        let deep: Vec<String> = (0..5).map(|i| format!("{i}{}", "n".repeat(119))).collect();
+        let folder = format!("devices/{}", deep.join("/"));
+        fs::create_dir_all(dir.path().join(&folder)).unwrap();
+        fs::write(dir.path().join(&folder).join("mtu"), "1500\n").unwrap();
+        fs::create_dir(dir.path().join("class")).unwrap();
+        let text = format!("../{folder}");
+        assert!(text.len() > 512);
+        std::os::unix::fs::symlink(&text, dir.path().join("class/long")).unwrap();
+        for (way, root) in every_way(dir.path()) {
+            for _ in 0..2 {
+                assert_eq!(root.resolve("class/long").unwrap(), folder, "{way}");
+                assert_eq!(root.read_trimmed("class/long/mtu").unwrap(), "1500", "{way}");
+            }
         }
     }
 
