@@ -155,6 +155,16 @@ impl World {
         c
     }
 
+    /// A world with the CRD installed and Node `node-a`'s record applied by
+    /// its broker, as the custom-resource tests start.
+    fn with_applied_record() -> World {
+        let w = World::new();
+        w.api.install_crd();
+        w.api.add_node("node-a");
+        ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+        w
+    }
+
     /// Node `node`'s broker writing its own NodeRailRecord.
     fn cr_broker(&self, node: &str, lldp: &str) -> Command {
         let mut c = self.rails(node, lldp);
@@ -1175,10 +1185,7 @@ fn custom_resource_broker_applies_its_record_owned_by_its_node_and_an_empty_resu
 
 #[test]
 fn custom_resource_owner_reference_lets_the_garbage_collector_take_a_replaced_nodes_record() {
-    let w = World::new();
-    w.api.install_crd();
-    w.api.add_node("node-a");
-    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    let w = World::with_applied_record();
     assert!(w.api.with(|s| s.collect_garbage()).is_empty(), "the living Node's record stays");
     w.api.add_node("node-a"); // replaced: same name, new UID
     assert_eq!(w.api.with(|s| s.collect_garbage()), ["node-a"]);
@@ -1197,10 +1204,7 @@ fn custom_resource_without_the_crd_fails_naming_how_to_install_it() {
 
 #[test]
 fn custom_resource_a_hand_edit_of_the_spec_does_not_pin_a_stale_rail() {
-    let w = World::new();
-    w.api.install_crd();
-    w.api.add_node("node-a");
-    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    let w = World::with_applied_record();
     let good = w.nrr("node-a").unwrap()["spec"].clone();
     let code = w.api.with(|s| s.edit_record("node-a", "kubectl-edit", json!({"spec": {"nics": {"0000:99:00.0": ["rail9"]}}})));
     assert_eq!(code, 200);
@@ -1212,10 +1216,7 @@ fn custom_resource_a_hand_edit_of_the_spec_does_not_pin_a_stale_rail() {
 
 #[test]
 fn custom_resource_api_failure_keeps_the_previous_record_and_fails_the_pass() {
-    let w = World::new();
-    w.api.install_crd();
-    w.api.add_node("node-a");
-    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    let w = World::with_applied_record();
     let before = w.nrr("node-a").unwrap();
     w.api.fault("PATCH", &format!("{NRR_PATH}/node-a"), Action::Respond(500));
     let e = failed(w.cr_broker("node-a", "lldp.json").output().unwrap());
@@ -1440,10 +1441,7 @@ fn observer_pages_through_more_records_than_one_list_holds_and_survives_an_expir
 
 #[test]
 fn malformed_answers_to_the_records_list_or_apply_fail_naming_the_request_and_delete_nothing() {
-    let w = World::new();
-    w.api.install_crd();
-    w.api.add_node("node-a");
-    ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
+    let w = World::with_applied_record();
     let before = w.nrr("node-a").unwrap();
     // A broken answer to the apply: the pass fails, naming it.
     for (body, code) in [("not json at all", 200), ("{\"kind\": \"Status\"", 500), ("", 502)] {
