@@ -154,8 +154,9 @@ pub type Recorded = BTreeMap<String, Entry>;
 enum Known {
     /// It was resolved: to this canonical path.
     Resolved(String),
-    /// Only its folder was resolved.
-    Folder,
+    /// Only its folder was resolved: the path's last name joined to where
+    /// that folder resolved (canonical if that name is no link).
+    Under(String),
     /// Neither it nor its folder.
     Neither,
 }
@@ -325,15 +326,12 @@ impl SysRoot {
             Some((p, n)) => (Some(p), n),
             None => (None, rel_t),
         };
-        // One lock answers most asks: the path itself, else a name under a
-        // folder resolved before (joined while the cache is held, so the
-        // folder's path is not copied out first).
-        let known = {
-            let cache = self.folders.lock().expect("folder cache lock");
-            if let Some(hit) = cache.get(rel_t) {
-                return Ok(if hit.is_empty() { rel_t.to_string() } else { hit.clone() });
-            }
-            folder.and_then(|p| cache.get(p).map(|hit| join(if hit.is_empty() { p } else { hit }, name)))
+        // One look answers most asks: the path itself, else a name under a
+        // folder resolved before.
+        let known = match self.known(rel_t) {
+            Known::Resolved(out) => return Ok(out),
+            Known::Under(candidate) => Some(candidate),
+            Known::Neither => None,
         };
         if hops > 40 || name.is_empty() || name == "." || name == ".." || folder.is_some_and(|p| p.is_empty()) {
             return Err(None);
@@ -376,9 +374,9 @@ impl SysRoot {
         // Several names past what is known: one call checks them all. A
         // target this pass has resolved is answered by the same look.
         if rest.contains('/') {
-            let answer = match self.cached_or_known_folder(&target) {
+            let answer = match self.known(&target) {
                 Known::Resolved(out) => Some(out),
-                Known::Folder => None,
+                Known::Under(_) => None,
                 Known::Neither => self.all_plain(base, &target).then_some(target.clone()),
             };
             if let Some(out) = answer {
@@ -396,16 +394,17 @@ impl SysRoot {
         Ok(out)
     }
 
-    /// What this pass knows of `rel`: where it resolved to, or only that
-    /// its folder resolved, or nothing (one lock, at most two looks).
-    fn cached_or_known_folder(&self, rel: &str) -> Known {
+    /// What this pass knows of `rel` (see [`Known`]): one lock, at most two
+    /// looks, and a folder's path joined while the cache is held, so it is
+    /// not copied out first.
+    fn known(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
             return Known::Resolved(if hit.is_empty() { rel.to_string() } else { hit.clone() });
         }
-        match rel.rsplit_once('/') {
-            Some((folder, _)) if cache.contains_key(folder) => Known::Folder,
-            _ => Known::Neither,
+        match rel.rsplit_once('/').and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name))) {
+            Some((folder, hit, name)) => Known::Under(join(if hit.is_empty() { folder } else { hit }, name)),
+            None => Known::Neither,
         }
     }
 
