@@ -106,6 +106,10 @@ fn the_archive_holds_only_what_discovery_read() {
     // What it does hold: the links followed and the attributes read.
     assert!(names.contains("class/net/enp4s0np0"));
     assert!(names.iter().any(|n| n.ends_with("infiniband/mlx5_0/ports/1/state")));
+    // A PCI function's class only where its vendor makes accelerators: the
+    // GPU's, not the NIC's, whose vendor is answer enough.
+    assert!(names.contains(&format!("{nic}/vendor")) && !names.contains(&format!("{nic}/class")), "{names:#?}");
+    assert!(names.iter().any(|n| n.ends_with("0000:03:00.0/class")), "{names:#?}");
     let bytes = fs::read(&archive).unwrap();
     assert!(!String::from_utf8_lossy(&flate2_decode(&bytes)).contains("SERIAL-NUMBER-1234"));
 }

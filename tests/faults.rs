@@ -224,6 +224,14 @@ fn unreadable_accelerator_vendor_keeps_the_distance_label() {
 }
 
 #[test]
+fn unreadable_accelerator_class_keeps_the_distance_label() {
+    // The class is read only once the vendor names an accelerator maker.
+    for form in FILE_FORMS {
+        row("accelerator class", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/class"), form, "accelerator");
+    }
+}
+
+#[test]
 fn unreadable_accelerator_numa_node_is_kept() {
     // The accelerator's NUMA node feeds no label on its own; the rule still holds.
     for form in FILE_FORMS {

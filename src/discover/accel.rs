@@ -66,9 +66,17 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec
             let v = root.read_trimmed(&rel).map_err(|e| e.to_string())?;
             parse_hex(&v).ok_or_else(|| format!("{rel}: {v:?} is not a hex number"))
         };
-        let (vendor, class) = match (hex("vendor"), hex("class")) {
-            (Ok(v), Ok(c)) => (v, c),
-            (Err(why), _) | (_, Err(why)) => {
+        // The vendor first: a device of any other maker is answered by it,
+        // so its class is not read (most PCI functions on a GPU node are
+        // NIC functions, VFs above all).
+        let read = hex("vendor").and_then(|v| match VENDORS.iter().find(|(id, _)| u32::from(*id) == v) {
+            None => Ok(None),
+            Some(&(_, maker)) => hex("class").map(|c| Some((v, maker, c))),
+        });
+        let (vendor, maker, class) = match read {
+            Ok(Some(read)) => read,
+            Ok(None) => continue,
+            Err(why) => {
                 if let Some(acc) = kept(basename(&dev), why) {
                     warn!("PCI device {entry} unreadable, keeping the previous record's accelerator: {}", acc.unreadable[0].reason);
                     let maker = VENDORS.iter().find(|(_, m)| *m == acc.manufacturer).map(|(_, m)| *m).unwrap_or("unknown");
@@ -77,7 +85,6 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec
                 continue;
             }
         };
-        let Some(&(_, maker)) = VENDORS.iter().find(|(id, _)| u32::from(*id) == vendor) else { continue };
         if !is_accelerator_class(class) {
             continue;
         }

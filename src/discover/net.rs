@@ -94,7 +94,8 @@ enum Function {
     Top,
     /// A VF: it shares its PF's topology, which the caller sets, and has no
     /// SR-IOV attributes (the kernel shows them on PFs only), so neither is
-    /// looked for.
+    /// looked for. Its bus is PCI without asking: only the PCI core makes
+    /// the `virtfnN` links a VF is found by.
     Virtual,
 }
 
@@ -119,7 +120,7 @@ const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown"
 /// whether it is a VF (see [`Function`]).
 fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
-    let (bus, bus_unreadable) = match device.map(|dev| bus_of(root, dev)) {
+    let (bus, bus_unreadable) = match device.map(|dev| if function == Function::Virtual { Ok(Some("pci".to_string())) } else { bus_of(root, dev) }) {
         None => ("virtual".to_string(), None),
         Some(Ok(bus)) => (bus.unwrap_or_else(|| "unknown".to_string()), None),
         // A device folder named by a PCI address is on the PCI bus whatever
