@@ -180,7 +180,7 @@ impl SysRoot {
         let beneath = handle.clone().filter(|fd| openat2_works(fd));
         // Sized for a large node's device folders, so the cache seldom grows
         // (each growth hashes every path again).
-        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(4096, BuildPathHash)));
+        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(8 * 1024, BuildPathHash)));
         let listings_fill = handle.as_deref().is_some_and(listings_fill);
         Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, listings_fill })
     }
@@ -329,7 +329,7 @@ impl SysRoot {
     /// is asked for again costs nothing; a link asked for once is not kept.
     fn resolve_hops(&self, rel: &str, hops: u32, parent: bool) -> Result<String, Option<std::io::Error>> {
         let rel_t = rel.trim_start_matches('/');
-        let (folder, name) = match rel_t.rsplit_once('/') {
+        let (folder, name) = match split_last(rel_t) {
             Some((p, n)) => (Some(p), n),
             None => (None, rel_t),
         };
@@ -371,16 +371,16 @@ impl SysRoot {
             if base.is_empty() {
                 return Err(None);
             }
-            base = &base[..base.rfind('/').unwrap_or(0)];
+            base = split_last(base).map_or("", |(folder, _)| folder);
             rest = r;
         }
-        if rest.is_empty() || rest.split('/').any(|n| n.is_empty() || n == "." || n == "..") {
+        if !plain_names(rest) {
             return Err(None);
         }
         let target = join(base, rest);
         // Several names past what is known: one call checks them all. A
         // target this pass has resolved is answered by the same look.
-        if rest.contains('/') {
+        if rest.as_bytes().contains(&b'/') {
             let answer = match self.known(&target) {
                 Known::Resolved(out) => Some(out),
                 Known::Under(_) => None,
@@ -409,7 +409,7 @@ impl SysRoot {
         if let Some(hit) = cache.get(rel) {
             return Known::Resolved(if hit.is_empty() { rel.to_string() } else { hit.clone() });
         }
-        match rel.rsplit_once('/').and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name))) {
+        match split_last(rel).and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name))) {
             Some((folder, hit, name)) => Known::Under(join(if hit.is_empty() { folder } else { hit }, name)),
             None => Known::Neither,
         }
@@ -486,7 +486,7 @@ impl SysRoot {
     /// missing there is the answer at once, since nothing on the way can
     /// dangle.
     fn in_canonical_folder(&self, rel: &str) -> bool {
-        match rel.rsplit_once('/') {
+        match split_last(rel) {
             None => true,
             Some((folder, _)) => self.folders.lock().expect("folder cache lock").get(folder).is_some_and(|v| v.is_empty()),
         }
@@ -876,6 +876,33 @@ fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_i
     Ok(unsafe { fs::File::from_raw_fd(fd as libc::c_int) })
 }
 
+/// `path` split at its last `/` into folder and last name; `None` for a
+/// single name. Scans back from the end byte by byte: a sysfs path's last
+/// name is a few bytes long, and this runs several times per access, where
+/// a general reverse search cost more to start than to finish.
+fn split_last(path: &str) -> Option<(&str, &str)> {
+    let slash = path.bytes().rposition(|b| b == b'/')?;
+    Some((&path[..slash], &path[slash + 1..]))
+}
+
+/// True when `path` is one or more plain names joined by single `/`: no
+/// empty name (a leading, trailing or doubled `/`), no `.` and no `..`.
+fn plain_names(path: &str) -> bool {
+    // One pass over the bytes: a `split` iterator cost more than the walk
+    // it guards.
+    let bytes = path.as_bytes();
+    let mut start = 0;
+    for end in 0..=bytes.len() {
+        if end == bytes.len() || bytes[end] == b'/' {
+            if matches!(&bytes[start..end], b"" | b"." | b"..") {
+                return false;
+            }
+            start = end + 1;
+        }
+    }
+    true
+}
+
 /// Parses a hex attribute as the kernel prints it (`0x10de`, `0x1003`).
 pub fn parse_hex(s: &str) -> Option<u32> {
     u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
@@ -1063,6 +1090,19 @@ mod tests {
                 assert_eq!(root.resolve("class/long").unwrap(), folder, "{way}");
                 assert_eq!(root.read_trimmed("class/long/mtu").unwrap(), "1500", "{way}");
             }
+        }
+    }
+
+    #[test]
+    fn split_last_and_plain_names_read_paths_as_the_kernel_does() {
+        assert_eq!(split_last("devices/pci0000:00/0000:00:01.0"), Some(("devices/pci0000:00", "0000:00:01.0")));
+        assert_eq!(split_last("class"), None);
+        assert_eq!(split_last("class/"), Some(("class", "")));
+        for ok in ["a", "devices/pci0000:00/x", "a/.b/..c/...", "é/ü"] {
+            assert!(plain_names(ok), "{ok}");
+        }
+        for bad in ["", "/", "a/", "/a", "a//b", ".", "..", "a/./b", "a/../b", "a/.."] {
+            assert!(!plain_names(bad), "{bad}");
         }
     }
 

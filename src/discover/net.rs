@@ -62,7 +62,7 @@ type VfNetdevs<'a> = std::collections::HashMap<&'a str, (&'a str, &'a str), crat
 
 /// Resolves one `class/net` entry's folders.
 fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
-    let netdir = root.resolve(&format!("class/net/{name}"))?;
+    let netdir = root.resolve(&join("class/net", name))?;
     let device = match root.resolve(&join(&netdir, "device")) {
         Ok(d) => Some(d),
         Err(e) if e.is_not_found() => None,
