@@ -14,6 +14,7 @@ pub mod cli;
 pub mod cluster;
 pub mod discover;
 pub mod fabric;
+pub mod input;
 pub mod labels;
 pub mod logging;
 pub mod names;

@@ -58,13 +58,20 @@ pub fn check_folders(dirs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// The largest file of our own (a record, a spec, the feature file) read
+/// back: far past what 10,000 endpoints write, and a bound on what a file
+/// planted in our place can cost.
+pub const MAX_OWN_FILE: u64 = 256 << 20;
+
 /// Reads the previous record from the state folder; a missing or unreadable
 /// one is logged and treated as none (it only carries `firstSeen` times).
 pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
     let path = state_dir?.join(STATE_RECORD);
-    let text = match fs::read_to_string(&path) {
+    // Bounded, and never a FIFO: something planted there must not stall
+    // every later pass.
+    let text = match crate::input::read_text(&path, MAX_OWN_FILE, "a node record", crate::input::Pipes::Refuse) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(crate::input::InputError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
             warn!("ignoring previous record {}: {e}", path.display());
             return None;
@@ -82,7 +89,10 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
 /// Writes bytes only when they differ from what the file holds; returns
 /// whether it wrote.
 pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
-    if fs::read(dir.join(name)).is_ok_and(|old| old == bytes) {
+    // What cannot be read as a file (a FIFO, a folder, something huge) is
+    // simply replaced.
+    let old = crate::input::read_bytes(&dir.join(name), MAX_OWN_FILE, "a file of ours", crate::input::Pipes::Refuse);
+    if old.is_ok_and(|old| old == bytes) {
         return Ok(false);
     }
     write_atomic(dir, name, bytes)?;

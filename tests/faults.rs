@@ -165,6 +165,42 @@ fn row(fault: &str, build: fn(&Path) -> fixtures::Tree, target: impl Fn(&Node) -
 }
 
 #[test]
+fn fifos_planted_where_publish_reads_its_own_files_are_replaced_not_waited_on() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let before = node.publish(&[]);
+    let spec = fs::read_dir(node.out.join("cdi")).unwrap().next().unwrap().unwrap().path();
+    // The previous record, the feature file and a spec: each read back by
+    // the next pass, which used to open them blocking.
+    for planted in [node.out.join("state/record.json"), node.out.join("features.d/nodefabric"), spec] {
+        break_path(&planted, Form::Fifo);
+    }
+    let dirs = node.dirs();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(node.args("publish", &dirs, &[]))
+        .env("NODEFABRIC_NOW", NOW)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("publish blocked on a FIFO in its own folders");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success());
+    // Everything is published again, as regular files.
+    assert_eq!(node.publish(&[]), before);
+    assert!(fs::metadata(node.out.join("features.d/nodefabric")).unwrap().is_file());
+}
+
+#[test]
 fn unreadable_sriov_numvfs_keeps_partitioned_tokens() {
     for form in FILE_FORMS {
         row("sriov_numvfs", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("sriov_numvfs"), form, "virtualFunctionsConfigured");

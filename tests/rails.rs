@@ -502,6 +502,27 @@ fn a_values_file_larger_than_a_configmap_is_refused_naming_it() {
 }
 
 #[test]
+fn a_fifo_nobody_writes_to_fails_the_pass_within_the_tool_timeout_instead_of_hanging_it() {
+    let n = Node::new();
+    let lldp_file = n.lldp(&ALL_RAIL_PORTS);
+    let fifo = n.root.parent().unwrap().join("stalled.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let (fifo_s, lldp_s) = (fifo.to_str().unwrap(), lldp_file.to_str().unwrap());
+    // As the values file, and as the saved LLDP table: each given up on
+    // after --tool-timeout, naming the path, where the open used to block.
+    let rails = ["--interface-regex", "^eth_r([0-9]+)_p[0-9]+$", "--rail-id", "rail$1"];
+    for given in [vec!["--rails-config", fifo_s, "--lldp-json", lldp_s], [&rails[..], &["--lldp-json", fifo_s]].concat()] {
+        let start = std::time::Instant::now();
+        let mut a = vec!["--tool-timeout", "1s"];
+        a.extend(&given);
+        let o = n.rails(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("stalled.fifo") && err.contains("not written to its end within 1s"), "{given:?}: {err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "{given:?}");
+    }
+}
+
+#[test]
 fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
     let n = Node::new();
     let good = n.lldp(&ALL_RAIL_PORTS);
@@ -1008,7 +1029,7 @@ fn topo_file_missing_huge_binary_or_a_folder_is_refused_naming_it() {
         (dir.path().join("missing.txt"), "No such file"),
         (huge, "larger than"),
         (binary, "not UTF-8"),
-        (dir.path().to_path_buf(), "Is a directory"),
+        (dir.path().to_path_buf(), "is a folder, not a regular file"),
     ] {
         let o = case(path.clone()).run();
         let err = String::from_utf8_lossy(&o.stderr);

@@ -286,7 +286,7 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         Command::Rails(r) => {
             // Where the record goes is checked first: a misuse of the flags
             // is reported before anything asks the cluster.
-            let config = r.rails.config()?;
+            let config = r.rails.config(cli.tool_timeout)?;
             let target = r.rails.target(config.as_ref())?;
             let options = r.rails.options(config.as_ref(), cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;

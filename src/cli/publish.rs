@@ -115,7 +115,8 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
         .collect();
     publish::check_folders(&folders)?;
     let dir = &args.features_dir;
-    let existing = std::fs::read_to_string(dir.join(nfd::FEATURE_FILE)).ok();
+    // What cannot be read as our file is rewritten; it never stalls the pass.
+    let existing = crate::input::read_text(&dir.join(nfd::FEATURE_FILE), publish::MAX_OWN_FILE, "a feature file", crate::input::Pipes::Refuse).ok();
     if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
         let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
         info!("wrote {}", path.display());
@@ -127,7 +128,7 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    let rails = args.rails.config().and_then(|config| match (&args.rails_file, args.rails.target(config.as_ref())?) {
+    let rails = args.rails.config(cli.tool_timeout).and_then(|config| match (&args.rails_file, args.rails.target(config.as_ref())?) {
         (None, None) => Ok(()),
         (file, target) => publish_rails(cli, &pass, &args.rails, config.as_ref(), file.as_deref(), target.as_ref()),
     });

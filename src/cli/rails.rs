@@ -73,8 +73,9 @@ impl RailArgs {
     /// The values file of `--rails-config`, read once per pass, so that
     /// where the record goes and how it is built come from one version of
     /// it (a ConfigMap mount may change between two reads).
-    pub fn config(&self) -> Result<Option<rails::config::RailConfig>> {
-        self.rails_config.as_deref().map(rails::config::RailConfig::read).transpose()
+    /// A pipe given as the file is read for at most `wait` (the tool timeout).
+    pub fn config(&self, wait: std::time::Duration) -> Result<Option<rails::config::RailConfig>> {
+        self.rails_config.as_deref().map(|path| rails::config::RailConfig::read(path, wait)).transpose()
     }
 
     /// The rail options, flags over the config file (as [`Self::config`] read it).

@@ -108,21 +108,10 @@ fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInf
 }
 
 /// Reads a saved vendor answer, refusing anything that is not a regular file
-/// (a FIFO would block) or is larger than a tool's answer can be.
+/// (it is read on every pass, so a pipe has no place here) or is larger
+/// than a tool's answer can be.
 fn read_capped(f: &std::path::Path) -> Result<String, String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |e: std::io::Error| format!("{}: {e}", f.display());
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(f).map_err(err)?;
-    if !file.metadata().map_err(err)?.is_file() {
-        return Err(format!("{}: not a regular file", f.display()));
-    }
-    let mut buf = Vec::new();
-    file.take(crate::tool::MAX_OUTPUT + 1).read_to_end(&mut buf).map_err(err)?;
-    if buf.len() as u64 > crate::tool::MAX_OUTPUT {
-        return Err(format!("{}: larger than {} bytes, refused", f.display(), crate::tool::MAX_OUTPUT));
-    }
-    String::from_utf8(buf).map_err(|_| format!("{}: not UTF-8 text", f.display()))
+    crate::input::read_text(f, crate::tool::MAX_OUTPUT, "a vendor answer", crate::input::Pipes::Refuse).map_err(|e| e.to_string())
 }
 
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.

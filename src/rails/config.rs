@@ -134,9 +134,10 @@ impl RailConfig {
     }
 
     /// Reads and parses a config file, refusing one larger than a
-    /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]).
-    pub fn read(path: &Path) -> Result<RailConfig> {
-        let text = super::read_capped_text(path, MAX_CONFIG_BYTES, "a rails values file")?;
+    /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]), or a pipe not written to
+    /// its end within `wait`.
+    pub fn read(path: &Path, wait: std::time::Duration) -> Result<RailConfig> {
+        let text = super::read_capped_text(path, MAX_CONFIG_BYTES, "a rails values file", wait)?;
         RailConfig::parse(&text, path)
     }
 }

@@ -180,7 +180,7 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
         RailInput::HostLldp(input) => {
             let lldp_json = match input {
                 LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref(), opts.timeout)?,
-                LldpInput::File(path) => lldp::parse_json(&read_text(path)?, path)?,
+                LldpInput::File(path) => lldp::parse_json(&read_text(path, opts.timeout)?, path)?,
             };
             let ifaces =
                 lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
@@ -359,8 +359,8 @@ fn nvidia_smi_view(
     let (query, topo, origins) = match input {
         NvidiaInput::Sysfs => return Ok(Vec::new()),
         NvidiaInput::Files { query, topo } => (
-            read_text(query)?,
-            read_text(topo)?,
+            read_text(query, timeout)?,
+            read_text(topo, timeout)?,
             (query.display().to_string(), topo.display().to_string()),
         ),
         NvidiaInput::Command(bin) => {
@@ -429,32 +429,19 @@ fn nvidia_smi_view(
 /// under 64 KiB, so anything near this is not one.
 pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
 
-/// Reads a saved nvidia-smi output (a file or a pipe), refusing one over
-/// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
-fn read_text(path: &std::path::Path) -> Result<String> {
-    read_capped_text(path, MAX_SAVED_OUTPUT, "an nvidia-smi output")
+/// Reads a saved nvidia-smi or lldpctl output (a file, or a pipe written to
+/// its end within `wait`), refusing one over [`MAX_SAVED_OUTPUT`] or not
+/// UTF-8, naming the path.
+fn read_text(path: &std::path::Path, wait: std::time::Duration) -> Result<String> {
+    read_capped_text(path, MAX_SAVED_OUTPUT, "a saved tool output", wait)
 }
 
 /// Reads a text input given by path (a file, or a pipe such as a shell's
-/// `<(…)`), refusing one over `max` bytes (it is not `what`) or not UTF-8,
-/// naming the path: an input of no bound is never read whole into memory.
-pub(crate) fn read_capped_text(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if bytes.len() as u64 > max {
-        bail!("{}: larger than {max} bytes, not {what}", path.display());
-    }
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not UTF-8 text (byte {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
+/// `<(…)`), refusing one over `max` bytes (it is not `what`), not UTF-8,
+/// or a pipe not written to its end within `wait` (a FIFO nobody writes to
+/// would otherwise stall the pass), naming the path.
+pub(crate) fn read_capped_text(path: &std::path::Path, max: u64, what: &str, wait: std::time::Duration) -> Result<String> {
+    Ok(crate::input::read_text(path, max, what, crate::input::Pipes::Wait(wait))?)
 }
 
 /// Runs nvidia-smi with the pass's tool timeout; `Ok(None)` when the binary
