@@ -54,7 +54,7 @@ pub enum InputError {
         what: String,
     },
     /// A pipe whose writer did not close it in time.
-    #[error("{path}: a pipe that was not written to its end within {wait:?}")]
+    #[error("{path}: a pipe that was not written to its end within {}", humantime::format_duration(*wait))]
     Stalled {
         /// The input's path.
         path: PathBuf,
@@ -82,7 +82,14 @@ pub fn read_text(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Stri
 /// them to be text.
 pub fn read_bytes(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Vec<u8>, InputError> {
     let io = |cause| InputError::Io { path: path.to_path_buf(), cause };
-    // Non-blocking, so that opening a FIFO does not wait for a writer.
+    // The type first, so that a device (a link planted to a watchdog, say)
+    // is refused unopened: opening some devices acts on them.
+    let planned = std::fs::metadata(path).map_err(io)?.file_type();
+    if !(planned.is_file() || (planned.is_fifo() && pipes != Pipes::Refuse)) {
+        return Err(InputError::NotAFile { path: path.to_path_buf(), kind: kind_of(planned) });
+    }
+    // Non-blocking, so that opening a FIFO does not wait for a writer. The
+    // type is asked again of what was opened, which cannot change under us.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -192,6 +199,12 @@ mod tests {
         assert!(matches!(read_text(&f, 10, "x", Pipes::Refuse), Err(InputError::NotText { at: 2, .. })));
         assert!(matches!(read_text(dir.path(), 10, "x", Pipes::Refuse), Err(InputError::NotAFile { kind: "folder", .. })));
         assert!(matches!(read_text(&dir.path().join("none"), 10, "x", Pipes::Refuse), Err(InputError::Io { .. })));
+        // A link to a device is refused by its type, never opened.
+        let dev = dir.path().join("record.json");
+        std::os::unix::fs::symlink("/dev/null", &dev).unwrap();
+        for pipes in [Pipes::Refuse, Pipes::Wait(Duration::from_secs(1))] {
+            assert!(matches!(read_text(&dev, 10, "x", pipes), Err(InputError::NotAFile { kind: "character device", .. })));
+        }
     }
 
     #[test]

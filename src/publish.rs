@@ -73,7 +73,8 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
         Ok(t) => t,
         Err(crate::input::InputError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
-            warn!("ignoring previous record {}: {e}", path.display());
+            // The error names the path.
+            warn!("ignoring the previous record: {e}");
             return None;
         }
     };

@@ -93,12 +93,6 @@ pub struct SysRoot {
     /// answers: links are read relative to it, so the kernel walks only
     /// the path under the root, not the root's own path again each time.
     handle: Option<Arc<std::os::fd::OwnedFd>>,
-    /// The root's filesystem is one whose listings fill the caller's buffer
-    /// as far as it goes (sysfs, tmpfs, ramfs): a listing that leaves room
-    /// for another entry has reached the folder's end, and is not asked
-    /// again to hear so. Folders are then opened on the root's own mount
-    /// only, so that the promise holds for every folder listed that way.
-    listings_fill: bool,
 }
 
 /// A word-at-a-time hash (rustc's "Fx") for the resolution cache: its keys
@@ -181,8 +175,7 @@ impl SysRoot {
         // Sized for a large node's device folders, so the cache seldom grows
         // (each growth hashes every path again).
         let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(8 * 1024, BuildPathHash)));
-        let listings_fill = handle.as_deref().is_some_and(listings_fill);
-        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, listings_fill })
+        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -627,7 +620,7 @@ impl SysRoot {
             // not followed, and a missing one is the answer at once.
             let last = rel_t.rsplit('/').next().unwrap_or("");
             let settled = !matches!(last, "" | "." | "..") && self.in_canonical_folder(rel_t);
-            match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }, self.listings_fill) {
+            match list_beneath(fd, rel_t, if settled { libc::O_NOFOLLOW } else { 0 }) {
                 // What is listed is not remembered: a listed folder is read
                 // through the kernel's own walk, and only a read that fails
                 // asks which folders are canonical.
@@ -727,29 +720,13 @@ fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// The longest entry getdents64(2) can write: its 19-byte header, a name
-/// of NAME_MAX bytes and its NUL, padded to 8 bytes.
-const MAX_DIRENT: usize = (19 + 255 + 1_usize).div_ceil(8) * 8;
-
 /// The entry names of the folder `rel` beneath `dir`, opened as
-/// [`openat2_raw`] opens a file (with `flags` added). `fills`: the root's
-/// filesystem fills each buffer (see [`SysRoot`]'s `listings_fill`), so the
-/// folder is opened on the root's mount only and a buffer left with room
-/// for another entry ends the listing.
-fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int, fills: bool) -> std::io::Result<Vec<String>> {
+/// [`openat2_raw`] opens a file (with `flags` added). Read until getdents64
+/// says the end: a short buffer is not the end, since the kernel stops
+/// filling one early when a signal is pending.
+fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<String>> {
     use std::os::fd::AsRawFd;
-    let path = if rel.is_empty() { "." } else { rel };
-    let flags = libc::O_DIRECTORY | libc::O_NONBLOCK | flags;
-    let folder = if fills {
-        match with_c_path(path, |p| openat2_c(dir, p, flags, CONFINED | libc::RESOLVE_NO_XDEV)) {
-            Ok(f) => f,
-            // A folder on another mount is listed without the promise.
-            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return list_beneath(dir, rel, flags, false),
-            Err(e) => return Err(e),
-        }
-    } else {
-        openat2_raw(dir, path, flags)?
-    };
+    let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK | flags)?;
     // getdents64(2) straight into a buffer: `opendir` would add an fstat
     // and an fcntl to every listing, a third of its cost here. On the
     // stack and left unwritten: a heap buffer per listing (and zeroing it)
@@ -783,9 +760,6 @@ fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int, fills
                 names.push(String::from_utf8_lossy(name).into_owned());
             }
             at += reclen;
-        }
-        if fills && n as usize + MAX_DIRENT <= space.len() {
-            return Ok(names);
         }
     }
 }
@@ -838,23 +812,6 @@ fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std
 /// How every read resolves beneath the root: never above it, never
 /// through a `/proc` magic link.
 const CONFINED: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-
-/// True when `root`'s filesystem fills a listing's buffer as far as it goes
-/// (see [`SysRoot`]'s `listings_fill`): kernfs (sysfs) and the in-memory
-/// filesystems emit entries until the buffer is full or the folder ends.
-fn listings_fill(root: &std::os::fd::OwnedFd) -> bool {
-    use std::os::fd::AsRawFd;
-    const SYSFS_MAGIC: i64 = 0x6265_6572;
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid fd and a pointer to a `statfs` the kernel fills.
-    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut fs) } != 0 {
-        return false;
-    }
-    matches!(fs.f_type as i64, SYSFS_MAGIC | TMPFS_MAGIC | RAMFS_MAGIC)
-}
 
 /// `openat2(2)` of `path` beneath `dir`, read-only with `flags` added,
 /// resolving as `resolve` allows.
@@ -1024,9 +981,8 @@ mod tests {
     }
 
     #[test]
-    fn a_folder_of_many_buffers_lists_whole_on_a_filesystem_that_fills_them() {
-        // tmpfs is one that fills (as sysfs is); the test's usual /tmp may not be.
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    fn a_folder_of_many_buffers_lists_whole() {
+        let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("class/net");
         fs::create_dir_all(&big).unwrap();
         // Names of every length up to NAME_MAX, so buffers end at every
@@ -1037,13 +993,8 @@ mod tests {
         }
         want.sort();
         for (way, root) in every_way(dir.path()) {
-            assert!(root.listings_fill, "{way}: tmpfs fills listings");
             assert_eq!(root.list("class/net").unwrap(), want, "{way}");
-            assert!(root.list("class/none").unwrap_err().is_not_found(), "{way}");
         }
-        // The same listing where the promise is not taken.
-        let plain = SysRoot { listings_fill: false, ..SysRoot::new(dir.path()).unwrap() };
-        assert_eq!(plain.list("class/net").unwrap(), want);
     }
 
     #[test]
