@@ -998,6 +998,47 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_under_a_storm_of_signals_is_whole() {
+        // The kernel stops filling a getdents64 buffer early when a signal is
+        // pending; a listing that took a short buffer for the end would drop
+        // names. Signals rain on the listing thread while it lists.
+        extern "C" fn ignore(_: libc::c_int) {}
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        let big = dir.path().join("class/net");
+        fs::create_dir_all(&big).unwrap();
+        let want: Vec<String> = (0..3000).map(|i| format!("enp{i:05}s0np0")).collect();
+        for name in &want {
+            fs::create_dir(big.join(name)).unwrap();
+        }
+        // SAFETY: a handler that does nothing, installed with SA_RESTART for
+        // a signal nothing else in the test binary uses.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = ignore as *const () as usize;
+            act.sa_flags = libc::SA_RESTART;
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &act, std::ptr::null_mut()), 0);
+        }
+        // SAFETY: the calling thread's own id.
+        let me = unsafe { libc::pthread_self() };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let storm = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: `me` lives until `stop` is set and this thread joined.
+                    unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+                }
+            })
+        };
+        let root = SysRoot::new(dir.path()).unwrap();
+        for _ in 0..20 {
+            assert_eq!(root.list("class/net").unwrap(), want);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        storm.join().unwrap();
+    }
+
+    #[test]
     fn a_link_target_of_several_names_with_a_link_midway_is_followed_or_refused() {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
