@@ -93,6 +93,12 @@ pub struct SysRoot {
     /// answers: links are read relative to it, so the kernel walks only
     /// the path under the root, not the root's own path again each time.
     handle: Option<Arc<std::os::fd::OwnedFd>>,
+    /// The root is a live sysfs, where everything is a regular file, a
+    /// folder or a link (kernfs makes nothing else): a read that the kernel
+    /// keeps on this mount (`RESOLVE_NO_XDEV`) needs no type check of what
+    /// it opened, and a folder answers its read with EISDIR. A copy of a
+    /// tree (tmpfs, a disk) can hold anything, so there each read checks.
+    kernfs: bool,
 }
 
 /// A word-at-a-time hash (rustc's "Fx") for the resolution cache: its keys
@@ -175,7 +181,8 @@ impl SysRoot {
         // Sized for a large node's device folders, so the cache seldom grows
         // (each growth hashes every path again).
         let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(8 * 1024, BuildPathHash)));
-        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle })
+        let kernfs = handle.as_deref().is_some_and(is_sysfs);
+        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, kernfs })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -547,9 +554,14 @@ impl SysRoot {
                 // known canonical is the answer at once: nothing on the way
                 // can dangle. A last name that is a link (ELOOP) is followed
                 // in a second call.
-                match openat2_raw(fd, rel_t, flags | libc::O_NOFOLLOW) {
+                // On a live sysfs the walk stays on its mount, so that what
+                // it opens is kernfs's (another mount answers EXDEV, and is
+                // read the long way).
+                let resolve = if self.kernfs { CONFINED | libc::RESOLVE_NO_XDEV } else { CONFINED };
+                let open = |flags| with_c_path(rel_t, |path| openat2_c(fd, path, flags, resolve));
+                match open(flags | libc::O_NOFOLLOW) {
                     Ok(f) => Some(f),
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => openat2_raw(fd, rel_t, flags).ok(),
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => open(flags).ok(),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.in_canonical_folder(rel_t) => return Err(io(e)),
                     Err(_) => None,
                 }
@@ -568,8 +580,12 @@ impl SysRoot {
                 (f, Some(abs))
             }
         };
-        let ft = file.metadata().map_err(io)?.file_type();
-        if !ft.is_file() {
+        // Only kernfs's regular files, folders and links can be open here on
+        // a live sysfs, and a folder says so when read; elsewhere the type
+        // is asked of the open file, which cannot change under us.
+        let trusted = self.kernfs && abs.is_none();
+        let ft = if trusted { None } else { Some(file.metadata().map_err(io)?.file_type()) };
+        if let Some(ft) = ft.filter(|ft| !ft.is_file()) {
             let kind = if ft.is_dir() {
                 "folder"
             } else if ft.is_fifo() {
@@ -585,7 +601,13 @@ impl SysRoot {
             };
             return Err(SysError::NotRegular { path: rel.to_string(), kind });
         }
-        let buf = read_capped(file).map_err(io)?;
+        let buf = match read_capped(file) {
+            Ok(buf) => buf,
+            Err(e) if trusted && e.raw_os_error() == Some(libc::EISDIR) => {
+                return Err(SysError::NotRegular { path: rel.to_string(), kind: "folder" });
+            }
+            Err(e) => return Err(io(e)),
+        };
         // A recording tree always takes the resolving path, so `abs` is there.
         if let (true, Some(abs)) = (self.recording_on(), &abs) {
             self.note(self.relative(abs), Entry::File(buf.clone()));
@@ -833,6 +855,20 @@ fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_i
     Ok(unsafe { fs::File::from_raw_fd(fd as libc::c_int) })
 }
 
+/// True when `root` is on a sysfs mount (see [`SysRoot`]'s `kernfs`).
+fn is_sysfs(root: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    const SYSFS_MAGIC: u32 = 0x6265_6572;
+    // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd and a pointer to a `statfs` the kernel fills.
+    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut fs) } != 0 {
+        return false;
+    }
+    // The magic is 32 bits wide whatever the field's width.
+    fs.f_type as u32 == SYSFS_MAGIC
+}
+
 /// `path` split at its last `/` into folder and last name; `None` for a
 /// single name. Scans back from the end byte by byte: a sysfs path's last
 /// name is a few bytes long, and this runs several times per access, where
@@ -995,6 +1031,28 @@ mod tests {
         for (way, root) in every_way(dir.path()) {
             assert_eq!(root.list("class/net").unwrap(), want, "{way}");
         }
+    }
+
+    #[test]
+    fn the_live_sysfs_reads_untyped_as_it_reads_typed() {
+        // This host's own /sys: every machine the tests run on has one.
+        let live = SysRoot::new("/sys").unwrap();
+        assert!(live.kernfs, "/sys is a sysfs mount");
+        let typed = SysRoot { kernfs: false, ..SysRoot::new("/sys").unwrap() };
+        for attr in ["devices/system/cpu/online", "devices/system/cpu/possible", "kernel/mm/transparent_hugepage/enabled", "class/net/lo/mtu"] {
+            let (a, b) = (live.read(attr), typed.read(attr));
+            assert_eq!(a.as_ref().ok(), b.as_ref().ok(), "{attr}");
+            assert_eq!(a.is_ok(), b.is_ok(), "{attr}");
+        }
+        // A folder where an attribute belongs, a missing one, and one through a link.
+        for way in [&live, &typed] {
+            assert!(matches!(way.read("devices/system/cpu"), Err(SysError::NotRegular { kind: "folder", .. })));
+            assert!(way.read("devices/system/cpu/no-such-attribute").unwrap_err().is_not_found());
+            assert!(way.read("class/net/lo/operstate").is_ok());
+        }
+        // A tree copied to tmpfs is not trusted so.
+        let copy = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        assert!(!SysRoot::new(copy.path()).unwrap().kernfs);
     }
 
     #[test]
