@@ -114,6 +114,25 @@ fn the_archive_holds_only_what_discovery_read() {
     assert!(!String::from_utf8_lossy(&flate2_decode(&bytes)).contains("SERIAL-NUMBER-1234"));
 }
 
+#[test]
+fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::vf_only(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = members(&archive);
+    // The PF answers for its VFs with netdevs (0000:04:00.2-.4); the VF
+    // without one (0000:04:00.5) is known from its PF's side only, so it is
+    // read as any function is.
+    assert!(names.iter().any(|n| n.ends_with("0000:04:00.0/vendor")), "{names:#?}");
+    for vf in ["0000:04:00.2", "0000:04:00.3", "0000:04:00.4"] {
+        assert!(!names.iter().any(|n| n.ends_with(&format!("{vf}/vendor"))), "{vf}: {names:#?}");
+    }
+    assert!(names.iter().any(|n| n.ends_with("0000:04:00.5/vendor")), "{names:#?}");
+}
+
 fn flate2_decode(gz: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut out).unwrap();

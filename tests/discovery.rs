@@ -420,3 +420,21 @@ fn real_sysfs_of_this_machine() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&nodefabric(&["inventory"], NOW))).unwrap();
     assert!(v["spec"]["interfaces"].is_array());
 }
+
+#[test]
+fn a_gpu_a_nic_lists_as_its_vf_is_still_an_accelerator() {
+    // Only a function known as a VF from both sides (its PF's virtfn link
+    // and its own netdev's physfn) takes its PF's vendor unread; a virtfn
+    // link alone, even one pointing at a GPU, decides nothing.
+    let sys = tempfile::tempdir().unwrap();
+    let t = fixtures::vf_only(sys.path());
+    let root = sys.path().to_str().unwrap();
+    let before = run_ok(&["--sysfs-root", root, "inventory"]);
+    let gpu = fs::canonicalize(sys.path().join("bus/pci/devices/0000:03:00.0")).unwrap();
+    let pf = fs::canonicalize(sys.path().join("class/net/enp4s0f0np0/device")).unwrap();
+    t.link(pf.strip_prefix(sys.path()).unwrap().join("virtfn9").to_str().unwrap(), gpu.strip_prefix(sys.path()).unwrap().to_str().unwrap());
+    let after: serde_json::Value = serde_json::from_str(&run_ok(&["--sysfs-root", root, "inventory"])).unwrap();
+    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
+    assert_eq!(after["spec"]["groups"], before["spec"]["groups"]);
+    assert_eq!(after["spec"]["groups"][0]["accelerators"][0]["pciBusId"], "0000:03:00.0");
+}

@@ -8,8 +8,9 @@
 
 use super::{device_topology, numa_answer};
 use crate::record::{Accelerator, AcceleratorGroup, NodeRecord, UnreadableFact};
-use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
-use std::collections::BTreeMap;
+use super::net::VfParents;
+use crate::sysfs::{basename, join, parse_hex, BuildPathHash, SysError, SysRoot};
+use std::collections::{BTreeMap, HashMap};
 use tracing::{debug, warn};
 
 /// PCI vendor ID → manufacturer key used in the record and labels.
@@ -25,6 +26,11 @@ pub const VENDORS: &[(u16, &str)] = &[
     (0x1ed5, "mthreads"),
 ];
 
+/// The manufacturer key of an accelerator maker's PCI vendor ID.
+fn maker_of(vendor: u32) -> Option<&'static str> {
+    VENDORS.iter().find(|(id, _)| u32::from(*id) == vendor).map(|(_, maker)| *maker)
+}
+
 /// True for the PCI classes an accelerator presents: display controllers
 /// (0x03xx: VGA, 3D, other) and processing accelerators (0x12xx). This keeps
 /// out the same vendors' audio functions, NICs (Huawei) and NVSwitch bridges.
@@ -37,7 +43,12 @@ fn is_accelerator_class(class: u32) -> bool {
 /// device whose vendor or class cannot be read is kept as the previous record
 /// had it (if it was an accelerator there), so no accelerator, and no label
 /// derived from it, disappears on a failed read.
-pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec<AcceleratorGroup>, SysError> {
+///
+/// `vf_parents` names VFs known as such from the `class/net` walk, with
+/// their PF: the kernel gives a VF its PF's vendor ID, so a VF whose PF
+/// answered with another maker's ID is no accelerator and nothing of it is
+/// read (on a NIC node with SR-IOV, most PCI functions are such VFs).
+pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>, vf_parents: &VfParents) -> Result<Vec<AcceleratorGroup>, SysError> {
     let kept = |addr: &str, why: String| {
         let prev = previous?.accelerators().find(|a| a.pci_bus_id == addr)?;
         let mut acc = prev.clone();
@@ -53,8 +64,17 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec
         Err(e) => return Err(e),
     };
     let mut by_vendor: BTreeMap<&'static str, Vec<Accelerator>> = BTreeMap::new();
-    for entry in entries {
-        let dev = match root.resolve(&format!("bus/pci/devices/{entry}")) {
+    // Every other function first, so that each known VF's PF has answered
+    // by the time the VF comes (the kernel's order would do, as a VF's
+    // address follows its PF's, but nothing here leans on it).
+    let (vfs, others): (Vec<String>, Vec<String>) = entries.into_iter().partition(|e| vf_parents.contains_key(e));
+    let mut vendors: HashMap<String, u32, BuildPathHash> = HashMap::default();
+    for entry in others.into_iter().chain(vfs) {
+        let pf_vendor = vf_parents.get(&entry).and_then(|pf| vendors.get(pf));
+        if pf_vendor.is_some_and(|v| maker_of(*v).is_none()) {
+            continue;
+        }
+        let dev = match root.resolve(&join("bus/pci/devices", &entry)) {
             Ok(d) => d,
             Err(e) => {
                 warn!("skipping PCI device {entry}: {e}");
@@ -69,9 +89,12 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>) -> Result<Vec
         // The vendor first: a device of any other maker is answered by it,
         // so its class is not read (most PCI functions on a GPU node are
         // NIC functions, VFs above all).
-        let read = hex("vendor").and_then(|v| match VENDORS.iter().find(|(id, _)| u32::from(*id) == v) {
-            None => Ok(None),
-            Some(&(_, maker)) => hex("class").map(|c| Some((v, maker, c))),
+        let read = hex("vendor").and_then(|v| {
+            vendors.insert(entry.clone(), v);
+            match maker_of(v) {
+                None => Ok(None),
+                Some(maker) => hex("class").map(|c| Some((v, maker, c))),
+            }
         });
         let (vendor, maker, class) = match read {
             Ok(Some(read)) => read,

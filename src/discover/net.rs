@@ -8,11 +8,27 @@ use crate::record::{Interface, LinkState, LinkVerdict};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use tracing::warn;
 
+/// What the `class/net` walk found: the interfaces, and its VFs known as
+/// such from both sides (see [`Scan::vf_parents`]).
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every interface, VFs nested under their PF.
+    pub interfaces: Vec<Interface>,
+    /// VF PCI address → its PF's, for each VF that its PF lists as a
+    /// `virtfnN` and whose own netdev's device has a `physfn` link: the
+    /// kernel gives such a function its PF's vendor ID, which spares the
+    /// accelerator scan from reading it again.
+    pub vf_parents: VfParents,
+}
+
+/// VF PCI address → PF PCI address (see [`Scan::vf_parents`]).
+pub type VfParents = std::collections::HashMap<String, String>;
+
 /// Enumerates `class/net`. Only a failure to list the folder itself is an
 /// error (a failed enumeration). An entry that cannot be read becomes a
 /// placeholder marked unreadable, which the previous record fills in: a NIC
 /// is never dropped from the record because its folder could not be read.
-pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
+pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
     // Every entry's folders first: a VF's netdev is one of these entries, so
     // its PF learns the VF's interface name from this walk instead of
     // listing each VF's `net` folder again.
@@ -33,10 +49,11 @@ pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
         }
     }
     let mut out = Vec::new();
+    let mut vf_parents = VfParents::default();
     for (name, at) in &located {
         match at {
             Ok(Located { is_vf: true, .. }) => {}
-            Ok(at) => out.push(interface(root, name, at, &vf_netdevs)),
+            Ok(at) => out.push(interface(root, name, at, &vf_netdevs, &mut vf_parents)),
             Err(e) => {
                 warn!("interface {name} unreadable: {e}");
                 let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
@@ -46,7 +63,7 @@ pub fn interfaces(root: &SysRoot) -> Result<Vec<Interface>, SysError> {
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    Ok(Scan { interfaces: out, vf_parents })
 }
 
 /// Where one `class/net` entry lives: its canonical net folder, its device
@@ -74,11 +91,11 @@ fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
 }
 
 /// One top-level interface (a VF is built by its PF).
-fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs) -> Interface {
+fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents) -> Interface {
     let device = at.device.as_deref();
     let mut iface = build(root, Some(name.to_string()), Some(&at.netdir), device, Function::Top);
     if let Some(dev) = device {
-        match virtual_functions(root, dev, &iface, vf_netdevs) {
+        match virtual_functions(root, dev, &iface, vf_netdevs, vf_parents) {
             Ok(vfs) => iface.virtual_functions = vfs,
             Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
         }
@@ -216,7 +233,7 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
 /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
 /// its PF's upstream bridges; its NUMA node is its own. A PF folder that
 /// cannot be listed is an error (its VFs are unreadable, not absent).
-fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &VfNetdevs) -> Result<Vec<Interface>, SysError> {
+fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents) -> Result<Vec<Interface>, SysError> {
     let entries = root.list(pf_dev)?;
     let mut vfs = Vec::new();
     for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
@@ -246,7 +263,14 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &
         // (its netdev moved to a pod's namespace, or its entry unreadable)
         // is asked directly.
         let (netdev, netdir) = match vf_netdevs.get(vf_dev.as_str()) {
-            Some((name, dir)) => (Some(name.to_string()), Some(dir.to_string())),
+            Some((name, dir)) => {
+                // Known as a VF from both sides: this PF's link, and its
+                // netdev's device's `physfn`.
+                if let Some(pf_addr) = &pf.pci_bus_id {
+                    vf_parents.insert(basename(&vf_dev).to_string(), pf_addr.clone());
+                }
+                (Some(name.to_string()), Some(dir.to_string()))
+            }
             None => {
                 let netdev = root.list(&join(&vf_dev, "net")).ok().and_then(|n| n.into_iter().next());
                 let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
