@@ -158,7 +158,10 @@ pub type Recorded = BTreeMap<String, Entry>;
 
 /// What one pass's resolutions know of a path (see [`SysRoot::resolve`]).
 enum Known {
-    /// It was resolved: to this canonical path.
+    /// It was resolved, and is itself canonical: the asker's own text is
+    /// the answer (no copy is made here).
+    Canonical,
+    /// It was resolved: to this other, canonical path.
     Resolved(String),
     /// Only its folder was resolved: the path's last name joined to where
     /// that folder resolved (canonical if that name is no link).
@@ -336,6 +339,7 @@ impl SysRoot {
         // One look answers most asks: the path itself, else a name under a
         // folder resolved before.
         let known = match self.known(rel_t) {
+            Known::Canonical => return Ok(rel_t.to_string()),
             Known::Resolved(out) => return Ok(out),
             Known::Under(candidate) => Some(candidate),
             Known::Neither => None,
@@ -380,25 +384,18 @@ impl SysRoot {
         let target = join(base, rest);
         // Several names past what is known: one call checks them all. A
         // target this pass has resolved is answered by the same look.
-        if rest.as_bytes().contains(&b'/') {
-            let answer = match self.known(&target) {
-                Known::Resolved(out) => Some(out),
-                Known::Under(_) => None,
-                Known::Neither => self.all_plain(base, &target).then_some(target.clone()),
-            };
-            if let Some(out) = answer {
-                if parent {
-                    self.remember(rel_t, &out);
-                }
-                return Ok(out);
-            }
-        }
+        let target = match rest.as_bytes().contains(&b'/') {
+            false => target,
+            true => match self.known(&target) {
+                Known::Canonical => return Ok(self.answered(rel_t, parent, target)),
+                Known::Resolved(out) => return Ok(self.answered(rel_t, parent, out)),
+                Known::Neither if self.all_plain(base, &target) => return Ok(self.answered(rel_t, parent, target)),
+                Known::Under(_) | Known::Neither => target,
+            },
+        };
         // A target that does not resolve is a dangling link: the walk says so.
         let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
-        if parent {
-            self.remember(rel_t, &out);
-        }
-        Ok(out)
+        Ok(self.answered(rel_t, parent, out))
     }
 
     /// What this pass knows of `rel` (see [`Known`]): one lock, at most two
@@ -407,7 +404,7 @@ impl SysRoot {
     fn known(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
-            return Known::Resolved(if hit.is_empty() { rel.to_string() } else { hit.clone() });
+            return if hit.is_empty() { Known::Canonical } else { Known::Resolved(hit.clone()) };
         }
         match split_last(rel).and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name))) {
             Some((folder, hit, name)) => Known::Under(join(if hit.is_empty() { folder } else { hit }, name)),
@@ -430,14 +427,21 @@ impl SysRoot {
         if checked.is_err() {
             return false;
         }
-        // Every folder past `known`, then `rel` itself, under one lock.
+        // `rel` itself, then each folder back towards `known`, under one
+        // lock, until one this pass already holds as canonical: the folders
+        // above it were remembered with it (a sibling's walk, most often).
         let mut cache = self.folders.lock().expect("folder cache lock");
-        let mut from = if known.is_empty() { 0 } else { known.len() + 1 };
-        while let Some(slash) = rel[from..].find('/') {
-            cache.insert(rel[..from + slash].to_string(), String::new());
-            from += slash + 1;
+        let mut path = rel;
+        while path.len() > known.len() {
+            if cache.get(path).is_some_and(String::is_empty) {
+                break;
+            }
+            cache.insert(path.to_string(), String::new());
+            match split_last(path) {
+                Some((folder, _)) => path = folder,
+                None => break,
+            }
         }
-        cache.insert(rel.to_string(), String::new());
         true
     }
 
@@ -470,6 +474,15 @@ impl SysRoot {
             return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
         }
         Ok(&buf[..n])
+    }
+
+    /// `out`, the answer for `rel`, remembered first when `rel` was met as
+    /// a folder on the way (see [`Self::resolve_hops`]).
+    fn answered(&self, rel: &str, parent: bool, out: String) -> String {
+        if parent {
+            self.remember(rel, &out);
+        }
+        out
     }
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
