@@ -158,8 +158,8 @@ fn read_pipe(mut file: std::fs::File, max: u64, wait: Duration, path: &Path) -> 
     }
 }
 
-/// A file type in words, for [`InputError::NotAFile`].
-fn kind_of(ft: std::fs::FileType) -> &'static str {
+/// A file type in words, for errors that refuse what is not a regular file.
+pub(crate) fn kind_of(ft: std::fs::FileType) -> &'static str {
     if ft.is_dir() {
         "folder"
     } else if ft.is_fifo() {

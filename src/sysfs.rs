@@ -550,7 +550,7 @@ impl SysRoot {
     /// the type is checked on the opened descriptor, so nothing can be swapped
     /// in between the check and the read.
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
-        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        use std::os::unix::fs::OpenOptionsExt;
         let io = |cause| SysError::Io {
             path: rel.to_string(),
             cause,
@@ -599,20 +599,7 @@ impl SysRoot {
         let trusted = self.kernfs && abs.is_none();
         let ft = if trusted { None } else { Some(file.metadata().map_err(io)?.file_type()) };
         if let Some(ft) = ft.filter(|ft| !ft.is_file()) {
-            let kind = if ft.is_dir() {
-                "folder"
-            } else if ft.is_fifo() {
-                "FIFO"
-            } else if ft.is_char_device() {
-                "character device"
-            } else if ft.is_block_device() {
-                "block device"
-            } else if ft.is_socket() {
-                "socket"
-            } else {
-                "special file"
-            };
-            return Err(SysError::NotRegular { path: rel.to_string(), kind });
+            return Err(SysError::NotRegular { path: rel.to_string(), kind: crate::input::kind_of(ft) });
         }
         let buf = match read_capped(file) {
             Ok(buf) => buf,

@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The default size cap: a spec for 512 endpoints is about 300 KiB, so 16 MiB
@@ -209,24 +209,12 @@ pub fn read(path: &Path, cap: u64) -> Result<(Vec<u8>, Fingerprint), SpecReadErr
 
 fn check_regular(path: &Path, m: &std::fs::Metadata) -> Result<(), SpecReadError> {
     let t = m.file_type();
-    let kind = if t.is_file() {
+    if t.is_file() {
         return Ok(());
-    } else if t.is_dir() {
-        "folder"
-    } else if t.is_fifo() {
-        "FIFO"
-    } else if t.is_socket() {
-        "socket"
-    } else if t.is_char_device() {
-        "character device"
-    } else if t.is_block_device() {
-        "block device"
-    } else {
-        "special file"
-    };
+    }
     Err(SpecReadError::NotRegular {
         path: path.into(),
-        kind,
+        kind: crate::input::kind_of(t),
     })
 }
 
