@@ -137,7 +137,7 @@ impl RailConfig {
     /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]), or a pipe not written to
     /// its end within `wait`.
     pub fn read(path: &Path, wait: std::time::Duration) -> Result<RailConfig> {
-        let text = super::read_capped_text(path, MAX_CONFIG_BYTES, "a rails values file", wait)?;
+        let text = crate::input::read_text(path, MAX_CONFIG_BYTES, "a rails values file", crate::input::Pipes::Wait(wait))?;
         RailConfig::parse(&text, path)
     }
 }

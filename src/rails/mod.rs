@@ -429,19 +429,11 @@ fn nvidia_smi_view(
 /// under 64 KiB, so anything near this is not one.
 pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
 
-/// Reads a saved nvidia-smi or lldpctl output (a file, or a pipe written to
-/// its end within `wait`), refusing one over [`MAX_SAVED_OUTPUT`] or not
-/// UTF-8, naming the path.
+/// Reads a saved nvidia-smi or lldpctl output (a file, or a pipe such as a
+/// shell's `<(…)` written to its end within `wait`), refusing one over
+/// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
 fn read_text(path: &std::path::Path, wait: std::time::Duration) -> Result<String> {
-    read_capped_text(path, MAX_SAVED_OUTPUT, "a saved tool output", wait)
-}
-
-/// Reads a text input given by path (a file, or a pipe such as a shell's
-/// `<(…)`), refusing one over `max` bytes (it is not `what`), not UTF-8,
-/// or a pipe not written to its end within `wait` (a FIFO nobody writes to
-/// would otherwise stall the pass), naming the path.
-pub(crate) fn read_capped_text(path: &std::path::Path, max: u64, what: &str, wait: std::time::Duration) -> Result<String> {
-    Ok(crate::input::read_text(path, max, what, crate::input::Pipes::Wait(wait))?)
+    Ok(crate::input::read_text(path, MAX_SAVED_OUTPUT, "a saved tool output", crate::input::Pipes::Wait(wait))?)
 }
 
 /// Runs nvidia-smi with the pass's tool timeout; `Ok(None)` when the binary
