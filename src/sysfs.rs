@@ -183,7 +183,7 @@ impl SysRoot {
         let beneath = handle.clone().filter(|fd| openat2_works(fd));
         // Sized for a large node's device folders, so the cache seldom grows
         // (each growth hashes every path again).
-        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(8 * 1024, BuildPathHash)));
+        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(1024, BuildPathHash)));
         let kernfs = handle.as_deref().is_some_and(is_sysfs);
         Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, kernfs })
     }

@@ -133,6 +133,26 @@ fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
     assert!(names.iter().any(|n| n.ends_with("0000:04:00.5/vendor")), "{names:#?}");
 }
 
+#[test]
+fn a_pci_functions_cpu_list_is_read_once_per_numa_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::vf_only(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = members(&archive);
+    let read = |f: &str| names.iter().any(|n| n.ends_with(&format!("{f}/local_cpulist")));
+    // The kernel prints it from the node alone: the PF reads node 1's, VF
+    // 0000:04:00.2 node -1's (every online CPU); the other VFs are on one
+    // of those and read nothing. Every node's number is still read.
+    assert!(read("0000:04:00.0") && read("0000:04:00.2"), "{names:#?}");
+    for vf in ["0000:04:00.3", "0000:04:00.4", "0000:04:00.5"] {
+        assert!(!read(vf), "{vf}: {names:#?}");
+        assert!(names.iter().any(|n| n.ends_with(&format!("{vf}/numa_node"))), "{vf}: {names:#?}");
+    }
+}
+
 fn flate2_decode(gz: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut out).unwrap();

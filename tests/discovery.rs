@@ -438,3 +438,25 @@ fn a_gpu_a_nic_lists_as_its_vf_is_still_an_accelerator() {
     assert_eq!(after["spec"]["groups"], before["spec"]["groups"]);
     assert_eq!(after["spec"]["groups"][0]["accelerators"][0]["pciBusId"], "0000:03:00.0");
 }
+
+#[test]
+fn an_unreadable_cpu_list_is_not_taken_as_its_nodes_answer() {
+    // PCI functions on one NUMA node share its CPU list, read once per node;
+    // the first one failing leaves the next on its node to read its own.
+    let sys = tempfile::tempdir().unwrap();
+    fixtures::vf_only(sys.path());
+    let pf = fs::canonicalize(sys.path().join("class/net/enp4s0f0np0/device")).unwrap();
+    fs::remove_file(pf.join("local_cpulist")).unwrap();
+    fs::create_dir(pf.join("local_cpulist")).unwrap();
+    let root = sys.path().to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let pf = &v["spec"]["interfaces"][0];
+    assert!(pf.get("cpuAffinity").is_none(), "{pf}");
+    assert_eq!(pf["unreadable"][0]["fact"], "cpuAffinity", "{pf}");
+    let vfs = pf["virtualFunctions"].as_array().unwrap();
+    // VFs 0 and 1 print node -1 (every online CPU), 2 and 3 node 1, as the PF.
+    assert_eq!(vfs[0]["cpuAffinity"], "0-95");
+    assert_eq!(vfs[1]["cpuAffinity"], "0-95");
+    assert_eq!(vfs[2]["cpuAffinity"], "24-47,72-95", "read from its own file");
+    assert_eq!(vfs[3]["cpuAffinity"], "24-47,72-95");
+}

@@ -69,7 +69,18 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
 /// answer (`-1`, or no `numa_node` at all), an error when the file could not
 /// be read or holds no number: unreadable is not the kernel's blank.
 pub(crate) fn numa_answer(root: &SysRoot, device: &str) -> Result<Option<u32>, String> {
-    Ok(keep::parsed::<i64>(root, &join(device, "numa_node"))?.and_then(|n| u32::try_from(n).ok()))
+    Ok(numa_node(root, device)?.and_then(node_number))
+}
+
+/// The `numa_node` attribute of a device folder as the kernel printed it
+/// (`-1` included): `Ok(None)` when there is no such attribute.
+pub(crate) fn numa_node(root: &SysRoot, device: &str) -> Result<Option<i64>, String> {
+    keep::parsed::<i64>(root, &join(device, "numa_node"))
+}
+
+/// A printed `numa_node` as a node number: `-1` (the kernel's "no node") is none.
+pub(crate) fn node_number(printed: i64) -> Option<u32> {
+    u32::try_from(printed).ok()
 }
 
 /// The PCI coordinates of a device from its canonical path (the one walk).

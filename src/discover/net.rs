@@ -2,7 +2,7 @@
 //! their physical function.
 
 use super::keep::{attribute, note, parsed};
-use super::{device_topology, numa_answer};
+use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
 use crate::record::{Interface, LinkState, LinkVerdict};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
@@ -23,6 +23,17 @@ pub struct Scan {
 
 /// VF PCI address → PF PCI address (see [`Scan::vf_parents`]).
 pub type VfParents = std::collections::HashMap<String, String>;
+
+/// The `local_cpulist` read this pass for a PCI function on each NUMA node,
+/// by the node its `numa_node` printed (`-1` included).
+///
+/// The kernel prints a PCI function's `local_cpulist` from that number
+/// alone: the CPUs of the node, or every online CPU for `-1` (`numa_node`
+/// exists only in kernels built with NUMA, which print it so). One read per
+/// node therefore answers for every function on it; on a large node that is
+/// one read in place of hundreds. An unreadable list is not remembered, so
+/// the next function on the node reads its own.
+type NodeCpus = std::collections::HashMap<i64, String>;
 
 /// Enumerates `class/net`. Only a failure to list the folder itself is an
 /// error (a failed enumeration). An entry that cannot be read becomes a
@@ -50,10 +61,11 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
     }
     let mut out = Vec::new();
     let mut vf_parents = VfParents::default();
+    let mut node_cpus = NodeCpus::default();
     for (name, at) in &located {
         match at {
             Ok(Located { is_vf: true, .. }) => {}
-            Ok(at) => out.push(interface(root, name, at, &vf_netdevs, &mut vf_parents)),
+            Ok(at) => out.push(interface(root, name, at, &vf_netdevs, &mut vf_parents, &mut node_cpus)),
             Err(e) => {
                 warn!("interface {name} unreadable: {e}");
                 let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
@@ -91,11 +103,11 @@ fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
 }
 
 /// One top-level interface (a VF is built by its PF).
-fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents) -> Interface {
+fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents, node_cpus: &mut NodeCpus) -> Interface {
     let device = at.device.as_deref();
-    let mut iface = build(root, Some(name.to_string()), Some(&at.netdir), device, Function::Top);
+    let mut iface = build(root, Some(name.to_string()), Some(&at.netdir), device, Function::Top, node_cpus);
     if let Some(dev) = device {
-        match virtual_functions(root, dev, &iface, vf_netdevs, vf_parents) {
+        match virtual_functions(root, dev, &iface, vf_netdevs, vf_parents, node_cpus) {
             Ok(vfs) => iface.virtual_functions = vfs,
             Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
         }
@@ -135,7 +147,7 @@ const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown"
 /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
 /// as unreadable, for [`keep::keep_previous`] to fill in. `function` says
 /// whether it is a VF (see [`Function`]).
-fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function) -> Interface {
+fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function, node_cpus: &mut NodeCpus) -> Interface {
     let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
     let (bus, bus_unreadable) = match device.map(|dev| if function == Function::Virtual { Ok(Some("pci".to_string())) } else { bus_of(root, dev) }) {
         None => ("virtual".to_string(), None),
@@ -180,12 +192,29 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         }
     }
     let Some(dev) = device else { return iface };
-    match numa_answer(root, dev) {
-        Ok(n) => iface.numa = n,
-        Err(why) => note(&mut iface, "numa", why),
-    }
-    match attribute(root, &join(dev, "local_cpulist")) {
-        Ok(v) => iface.cpu_affinity = v.filter(|s| !s.is_empty()),
+    let node = match numa_node(root, dev) {
+        Ok(n) => {
+            iface.numa = n.and_then(node_number);
+            n
+        }
+        Err(why) => {
+            note(&mut iface, "numa", why);
+            None
+        }
+    };
+    // A PCI function's CPUs follow from its node (see [`NodeCpus`]).
+    let node = node.filter(|_| bus == "pci");
+    let cpus = match node.and_then(|n| node_cpus.get(&n)) {
+        Some(known) => Ok(Some(known.clone())),
+        None => attribute(root, &join(dev, "local_cpulist")),
+    };
+    match cpus {
+        Ok(v) => {
+            if let (Some(n), Some(list)) = (node, &v) {
+                node_cpus.entry(n).or_insert_with(|| list.clone());
+            }
+            iface.cpu_affinity = v.filter(|s| !s.is_empty());
+        }
         Err(why) => note(&mut iface, "cpuAffinity", why),
     }
     if bus == "pci" {
@@ -233,7 +262,14 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
 /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
 /// its PF's upstream bridges; its NUMA node is its own. A PF folder that
 /// cannot be listed is an error (its VFs are unreadable, not absent).
-fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents) -> Result<Vec<Interface>, SysError> {
+fn virtual_functions(
+    root: &SysRoot,
+    pf_dev: &str,
+    pf: &Interface,
+    vf_netdevs: &VfNetdevs,
+    vf_parents: &mut VfParents,
+    node_cpus: &mut NodeCpus,
+) -> Result<Vec<Interface>, SysError> {
     let entries = root.list(pf_dev)?;
     let mut vfs = Vec::new();
     for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
@@ -277,7 +313,7 @@ fn virtual_functions(root: &SysRoot, pf_dev: &str, pf: &Interface, vf_netdevs: &
                 (netdev, netdir)
             }
         };
-        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), Function::Virtual);
+        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), Function::Virtual, node_cpus);
         vf.is_virtual = false;
         vf.parent = pf.pci_bus_id.clone();
         vf.topology = pf.topology.clone();
