@@ -181,8 +181,10 @@ impl SysRoot {
         })?;
         let handle = open_dir(&canonical).map(Arc::new);
         let beneath = handle.clone().filter(|fd| openat2_works(fd));
-        // Sized for a large node's device folders, so the cache seldom grows
-        // (each growth hashes every path again).
+        // Room for a small node's folders, grown as a larger one needs: a
+        // table sized for the largest node up front made every pass touch
+        // (and the kernel zero) 200 pages it mostly left empty, which cost
+        // more than the few growths (each hashes every path again).
         let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(1024, BuildPathHash)));
         let kernfs = handle.as_deref().is_some_and(is_sysfs);
         Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, kernfs })
