@@ -17,6 +17,7 @@ pub mod fabric;
 pub mod input;
 pub mod labels;
 pub mod logging;
+pub mod mounts;
 pub mod names;
 pub mod nfd;
 pub mod pass;

@@ -48,6 +48,9 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
 /// file, before anything is written: a pass that would fail on its second
 /// folder must not have replaced the first folder's file already.
 pub fn check_folders(dirs: &[&Path]) -> Result<()> {
+    if let Some(why) = stale_folder(dirs) {
+        anyhow::bail!("{why}; nothing published");
+    }
     for dir in dirs {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         tempfile::Builder::new()
@@ -56,6 +59,12 @@ pub fn check_folders(dirs: &[&Path]) -> Result<()> {
             .with_context(|| format!("{} does not take new files; nothing published", dir.display()))?;
     }
     Ok(())
+}
+
+/// Why one of `dirs` can take nothing until this process restarts: it was
+/// deleted on the host while mounted here (see [`crate::mounts`]).
+pub fn stale_folder(dirs: &[&Path]) -> Option<String> {
+    dirs.iter().find(|d| crate::mounts::deleted_in_place(d)).map(|d| crate::mounts::stale_reason("the folder", d))
 }
 
 /// The largest file of our own (a record, a spec, the feature file) read

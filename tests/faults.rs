@@ -563,3 +563,58 @@ fn hung_nvidia_smi_and_lldpctl_fail_the_rail_pass_after_the_timeout_instead_of_h
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("did not answer within 1s, killed"), "{err}");
 }
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body, or `None` while
+/// nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split(' ').nth(1)?.parse().ok()?;
+    Some((status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+#[test]
+fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming_it() {
+    use std::os::fd::AsRawFd;
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let host_cdi = node.out.join("cdi");
+    fs::create_dir_all(&host_cdi).unwrap();
+    // A handle held here stands in for the container's mount: its /proc
+    // link reaches the folder it was opened on, as a mount point does,
+    // whatever the host does to the path afterwards.
+    let held = fs::File::open(&host_cdi).unwrap();
+    let mounted = format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dirs = node.dirs();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", &mounted])
+        .args(["--state-dir", &dirs[2], "--interval", "1s", "--health-addr", &format!("127.0.0.1:{port}")])
+        .env("NODEFABRIC_NOW", NOW)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ok() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    until("a pass published", &|| http_get(port, "/readyz").is_some_and(|(s, _)| s == 200));
+    assert_eq!(http_get(port, "/livez").unwrap().0, 200);
+    assert!(fs::read_dir(&host_cdi).unwrap().next().is_some(), "specs written through the mount");
+    // The host replaces the folder: the mount still holds the deleted one.
+    fs::remove_dir_all(&host_cdi).unwrap();
+    fs::create_dir(&host_cdi).unwrap();
+    until("liveness fails", &|| http_get(port, "/livez").is_some_and(|(s, _)| s == 503));
+    let (_, why) = http_get(port, "/livez").unwrap();
+    assert!(why.contains(&mounted) && why.contains("deleted on the host"), "{why}");
+    assert_eq!(http_get(port, "/readyz").unwrap().0, 503, "no pass can publish");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

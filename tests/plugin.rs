@@ -869,6 +869,52 @@ async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_agai
 }
 
 #[tokio::test]
+async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_keeps_its_tokens() {
+    use std::os::fd::AsRawFd;
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    // A handle held here stands in for the container's mount of the host
+    // folder: its /proc link reaches the folder it was opened on, as a
+    // mount point does, whatever the host does to the path afterwards.
+    let held = std::fs::File::open(d.cdi()).unwrap();
+    let mounted = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd()));
+    let addr = free_addr();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(
+        &d.kubelet(),
+        &mounted,
+        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
+    );
+    kubelet.registrations(3).await;
+    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+
+    // The host replaces the folder; the mount still holds the deleted one.
+    std::fs::remove_dir_all(d.cdi()).unwrap();
+    std::fs::create_dir(d.cdi()).unwrap();
+    eventually("/healthz 503", || http_get(&addr, "/healthz").0 == 503).await;
+    let (_, why) = http_get(&addr, "/healthz");
+    assert!(
+        why.contains(&mounted.display().to_string()) && why.contains("deleted on the host"),
+        "{why}"
+    );
+    // Until the kubelet restarts it, it serves the tokens it had.
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+    let metrics = http_get(&addr, "/metrics").1;
+    assert!(
+        metrics.contains("cause=\"folder_deleted\"} 1"),
+        "{metrics}"
+    );
+    let (_, log) = plugin.terminate();
+    assert_eq!(
+        log.matches("was deleted on the host while mounted here").count(),
+        1,
+        "one line for both families: {log}"
+    );
+}
+
+#[tokio::test]
 async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));

@@ -91,8 +91,23 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
         if let Err(e) = result {
             error!("publish pass failed, previous output kept: {e:#}");
         }
+        // A folder deleted under this container's mount takes nothing until
+        // a restart mounts the new one: liveness fails so the kubelet does it.
+        health.set_broken(output_folders(args).ok().and_then(|f| publish::stale_folder(&f)));
         std::thread::sleep(interval);
     }
+}
+
+/// Every folder a pass writes into.
+fn output_folders(args: &PublishArgs) -> Result<Vec<&Path>> {
+    let rails_dir = match &args.rails_file {
+        Some(file) => Some(folder_and_name(file, "--rails-file")?.0),
+        None => None,
+    };
+    Ok([Some(args.features_dir.as_path()), Some(args.cdi_dir.as_path()), Some(args.state_dir.as_path()), rails_dir]
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 /// One publish pass: discover, then write each artifact only if it changed.
@@ -105,14 +120,7 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let ttl = args.ttl();
     let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
         .context("previous feature file kept")?;
-    let rails_dir = match &args.rails_file {
-        Some(file) => Some(folder_and_name(file, "--rails-file")?.0),
-        None => None,
-    };
-    let folders: Vec<&Path> = [Some(args.features_dir.as_path()), Some(args.cdi_dir.as_path()), Some(state_dir), rails_dir]
-        .into_iter()
-        .flatten()
-        .collect();
+    let folders = output_folders(args)?;
     publish::check_folders(&folders)?;
     let dir = &args.features_dir;
     // What cannot be read as our file is rewritten; it never stalls the pass.

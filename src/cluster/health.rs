@@ -6,13 +6,16 @@
 use axum::http::{StatusCode, Uri};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Shared health flags; cheap to clone, set from anywhere.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     live: Arc<AtomicBool>,
     ready: Arc<AtomicBool>,
+    /// Why the process, though running, cannot do its work until restarted
+    /// (a folder deleted under its mount): liveness fails, naming it.
+    broken: Arc<Mutex<Option<String>>>,
 }
 
 impl Health {
@@ -31,9 +34,19 @@ impl Health {
         self.ready.store(v, Ordering::SeqCst);
     }
 
-    /// Whether live.
+    /// Marks the process as unable to work until restarted (`Some(why)`),
+    /// or able again.
+    pub fn set_broken(&self, why: Option<String>) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Whether live: started, and not broken.
     pub fn live(&self) -> bool {
-        self.live.load(Ordering::SeqCst)
+        self.live.load(Ordering::SeqCst) && self.broken().is_none()
+    }
+
+    fn broken(&self) -> Option<String> {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Whether ready.
@@ -42,17 +55,21 @@ impl Health {
     }
 
     /// The answer to one probe request.
-    pub fn answer(&self, path: &str) -> (StatusCode, &'static str) {
-        match path {
-            "/livez" | "/healthz" if self.live() => (StatusCode::OK, "ok\n"),
-            "/livez" | "/healthz" => (StatusCode::SERVICE_UNAVAILABLE, "not started\n"),
+    pub fn answer(&self, path: &str) -> (StatusCode, String) {
+        let (code, body) = match path {
+            "/livez" | "/healthz" => match self.broken() {
+                Some(why) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                None if self.live() => (StatusCode::OK, "ok\n"),
+                None => (StatusCode::SERVICE_UNAVAILABLE, "not started\n"),
+            },
             "/readyz" if self.ready() => (StatusCode::OK, "ok\n"),
             "/readyz" => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the last pass failed or none has finished yet\n",
             ),
             _ => (StatusCode::NOT_FOUND, "not found: /livez or /readyz\n"),
-        }
+        };
+        (code, body.to_string())
     }
 
     /// Binds `addr` now (so a taken port is an error at start) and serves
@@ -105,5 +122,9 @@ mod tests {
         h.set_ready(false);
         assert_eq!(h.answer("/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(h.answer("/other").0, StatusCode::NOT_FOUND);
+        h.set_broken(Some("the CDI folder /x was deleted".into()));
+        assert_eq!(h.answer("/livez"), (StatusCode::SERVICE_UNAVAILABLE, "the CDI folder /x was deleted\n".into()));
+        h.set_broken(None);
+        assert_eq!(h.answer("/livez").0, StatusCode::OK);
     }
 }

@@ -95,6 +95,9 @@ struct State {
     unreadable: Vec<String>,
     /// When the current look at the CDI folder began, if one is running.
     loading_since: Option<Instant>,
+    /// Why the CDI folder this process sees is a deleted one (see
+    /// [`crate::mounts`]), if it is.
+    stale: Option<String>,
 }
 
 /// A look at the CDI folder running longer than this (a hung filesystem)
@@ -264,6 +267,12 @@ impl Observed {
         self.lock().loading_since = busy.then(Instant::now);
     }
 
+    /// Records whether the CDI folder is one deleted under this container's
+    /// mount (`Some(why)`), which only a restart mends.
+    pub fn stale_folder(&self, why: Option<String>) {
+        self.lock().stale = why;
+    }
+
     /// Records that kubelet accepted `resource`'s registration.
     pub fn registered(&self, resource: &str) {
         let label = ResourceLabel {
@@ -285,9 +294,14 @@ impl Observed {
     }
 
     /// `Ok` when the plugin is alive: this runs on the runtime (so it is not
-    /// stalled) and no look at the CDI folder has hung.
+    /// stalled), no look at the CDI folder has hung, and the folder is not
+    /// one deleted under the mount.
     pub fn healthy(&self) -> Result<(), String> {
-        match self.lock().loading_since {
+        let state = self.lock();
+        if let Some(why) = &state.stale {
+            return Err(why.clone());
+        }
+        match state.loading_since {
             Some(t) if t.elapsed() > STALL_LIMIT => Err(format!(
                 "reading the CDI specs has not returned for {}s",
                 t.elapsed().as_secs()

@@ -104,6 +104,14 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// The cause word of [`super::specfile::SpecReadError::FolderMissing`].
 const FOLDER_MISSING: &str = "folder_missing";
 
+/// The cause word of [`super::specfile::SpecReadError::FolderDeleted`].
+const FOLDER_DELETED: &str = "folder_deleted";
+
+/// True for the causes that are the folder's, not one family's file.
+fn folder_cause(cause: &str) -> bool {
+    cause == FOLDER_MISSING || cause == FOLDER_DELETED
+}
+
 /// The de-duplication subject for registration trouble.
 const KUBELET_SUBJECT: &str = "kubelet";
 
@@ -172,6 +180,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         loader = Some(l);
         observed.loading(false);
         report(&mut quiet, &config, &outcome);
+        // A folder deleted under the mount never comes back by itself:
+        // liveness fails, and the kubelet's restart mounts the new one.
+        observed.stale_folder(
+            outcome
+                .unreadable
+                .iter()
+                .find(|(_, cause, _)| *cause == FOLDER_DELETED)
+                .map(|(_, _, message)| message.clone()),
+        );
         observed.look(
             &outcome.reloaded,
             &outcome.new_errors,
@@ -251,12 +268,17 @@ fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
     match outcome
         .unreadable
         .iter()
-        .find(|(_, cause, _)| *cause == FOLDER_MISSING)
+        .find(|(_, cause, _)| folder_cause(cause))
     {
-        Some((_, _, message)) => {
+        Some((_, cause, message)) => {
+            let restart = if *cause == FOLDER_DELETED {
+                "; /healthz fails until the kubelet restarts the plugin"
+            } else {
+                ""
+            };
             quiet.warn(
                 &folder,
-                format!("{message}; keeping every token already served"),
+                format!("{message}; keeping every token already served{restart}"),
             );
         }
         None => quiet.clear(&folder, || format!("{folder} is back")),
@@ -268,7 +290,7 @@ fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
             .display()
             .to_string();
         match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
-            Some((_, cause, _)) if *cause == FOLDER_MISSING => {}
+            Some((_, cause, _)) if folder_cause(cause) => {}
             Some((_, _, message)) => {
                 quiet.warn(
                     &subject,

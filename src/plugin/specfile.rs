@@ -28,6 +28,14 @@ pub enum SpecReadError {
         /// What stat said.
         detail: String,
     },
+    /// The CDI folder was deleted on the host while this container's mount
+    /// holds it (see [`crate::mounts`]): unreadable, and only a restart
+    /// sees the folder the publisher writes to now.
+    #[error("{}", crate::mounts::stale_reason("the CDI folder", path))]
+    FolderDeleted {
+        /// The CDI folder.
+        path: PathBuf,
+    },
     /// The name is a symbolic link whose target does not exist.
     #[error("{path}: dangling symbolic link")]
     Dangling {
@@ -73,6 +81,7 @@ impl SpecReadError {
     pub fn cause(&self) -> &'static str {
         match self {
             SpecReadError::FolderMissing { .. } => "folder_missing",
+            SpecReadError::FolderDeleted { .. } => "folder_deleted",
             SpecReadError::Dangling { .. } => "dangling_link",
             SpecReadError::NotRegular { .. } => "not_regular",
             SpecReadError::TooLarge { .. } => "too_large",
@@ -119,16 +128,10 @@ pub enum Presence {
 /// reason it cannot be a spec. `dir` is checked first so that a missing
 /// folder reads as unreadable rather than as "no spec".
 pub fn probe(dir: &Path, path: &Path) -> Result<Presence, SpecReadError> {
+    if crate::mounts::deleted_in_place(dir) {
+        return Err(SpecReadError::FolderDeleted { path: dir.into() });
+    }
     match std::fs::metadata(dir) {
-        // A folder removed while something still holds it (a container's
-        // mount of a host folder that was deleted) has no links left: it
-        // is not the folder the publisher writes to.
-        Ok(m) if m.is_dir() && m.nlink() == 0 => {
-            return Err(SpecReadError::FolderMissing {
-                path: dir.into(),
-                detail: "deleted while mounted or open".into(),
-            })
-        }
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(SpecReadError::FolderMissing {
@@ -294,7 +297,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_folder_still_reachable_is_missing_not_empty() {
+    fn a_deleted_folder_still_reachable_is_deleted_not_empty() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
@@ -306,8 +309,9 @@ mod tests {
             std::os::fd::AsRawFd::as_raw_fd(&held)
         ));
         let err = probe(&still, &still.join("spec.json")).unwrap_err();
+        assert_eq!(err.cause(), "folder_deleted");
         assert!(
-            err.to_string().contains("deleted while mounted or open"),
+            err.to_string().contains("deleted on the host while mounted here"),
             "{err}"
         );
     }

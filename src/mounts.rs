@@ -1,0 +1,60 @@
+//! Host folders seen through a container's bind mount, and the one way such
+//! a folder goes stale without any error saying so.
+//!
+//! A `hostPath` volume mounts the host folder that is there when the
+//! container starts. If the host deletes that folder (`rm -rf`, an agent
+//! reinstalling itself) and makes a new one at the same path, the container
+//! keeps the deleted one: empty, taking no new files, and blind to what the
+//! host writes into the new folder. Only starting the container again mounts
+//! the folder that is there now, so the long-running parts fail their
+//! liveness probe when they see this, and the kubelet restarts them.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// True when the folder at `dir` has been deleted while something still
+/// holds it, as a container's mount holds a host folder deleted since: it
+/// is still a folder at its path, with no names left linking to it.
+///
+/// A folder that is simply missing, or was made again at the path this
+/// process sees, is not: those mend themselves.
+pub fn deleted_in_place(dir: &Path) -> bool {
+    std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 0)
+}
+
+/// What to say of a folder [`deleted_in_place`]: `what` names its role
+/// ("the CDI folder").
+pub fn stale_reason(what: &str, dir: &Path) -> String {
+    format!(
+        "{what} {} was deleted on the host while mounted here: what is written there now is not seen, \
+         and nothing written here reaches the host, until this container restarts and mounts it again",
+        dir.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_deleted_while_held_is_deleted_in_place_and_a_missing_or_live_one_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        // A held handle stands in for a mount: its /proc link reaches the
+        // folder it was opened on, as the mount point does, deleted or not.
+        let held = std::fs::File::open(&dir).unwrap();
+        let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held)));
+        assert!(!deleted_in_place(&through), "a live folder");
+        assert!(!deleted_in_place(&dir));
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(deleted_in_place(&through), "deleted while held");
+        assert!(!deleted_in_place(&dir), "missing mends itself");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(!deleted_in_place(&dir), "made again at its path");
+        assert!(deleted_in_place(&through), "what is held is still the deleted one");
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        assert!(!deleted_in_place(&file), "not a folder");
+    }
+}
