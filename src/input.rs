@@ -81,7 +81,21 @@ pub fn read_text(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Stri
 /// Reads the bytes at `path` whole, as [`read_text`] does, without asking
 /// them to be text.
 pub fn read_bytes(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Vec<u8>, InputError> {
+    read_opened(path, max, what, pipes).map(|(bytes, _)| bytes)
+}
+
+/// Reads the regular file at `path` whole, as [`read_bytes`] does with pipes
+/// refused, and gives the metadata of the file that was read (of the open
+/// file, so of the very version read), for a caller that remembers which
+/// version it took.
+pub fn read_file(path: &Path, max: u64, what: &str) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
+    read_opened(path, max, what, Pipes::Refuse)
+}
+
+/// [`read_bytes`] and [`read_file`]: the bytes and the open file's metadata.
+fn read_opened(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
     let io = |cause| InputError::Io { path: path.to_path_buf(), cause };
+    let too_large = || InputError::TooLarge { path: path.to_path_buf(), max, what: what.to_string() };
     // The type first, so that a device (a link planted to a watchdog, say)
     // is refused unopened: opening some devices acts on them.
     let planned = std::fs::metadata(path).map_err(io)?.file_type();
@@ -95,21 +109,27 @@ pub fn read_bytes(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Vec
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(io)?;
-    let ft = file.metadata().map_err(io)?.file_type();
+    let meta = file.metadata().map_err(io)?;
+    let ft = meta.file_type();
     let bytes = match (ft.is_file(), ft.is_fifo(), pipes) {
-        (true, _, _) => read_capped(file, max).map_err(io)?,
+        // Already past the cap: refused unread.
+        (true, _, _) if meta.len() > max => return Err(too_large()),
+        (true, _, _) => read_capped(file, max, meta.len()).map_err(io)?,
         (false, true, Pipes::Wait(wait)) => read_pipe(file, max, wait, path)?,
         _ => return Err(InputError::NotAFile { path: path.to_path_buf(), kind: kind_of(ft) }),
     };
+    // A file may grow between the fstat and the read.
     if bytes.len() as u64 > max {
-        return Err(InputError::TooLarge { path: path.to_path_buf(), max, what: what.to_string() });
+        return Err(too_large());
     }
-    Ok(bytes)
+    Ok((bytes, meta))
 }
 
-/// Reads a regular file to one byte past `max`, so that "more" shows.
-fn read_capped(file: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
+/// Reads a regular file of about `size` bytes to one byte past `max`, so
+/// that growth past the cap shows.
+fn read_capped(file: std::fs::File, max: u64, size: u64) -> std::io::Result<Vec<u8>> {
+    // Room for what fstat said, and the byte that tells the end.
+    let mut bytes = Vec::with_capacity(usize::try_from(size.min(max).saturating_add(1)).unwrap_or(0));
     file.take(max + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
 }

@@ -7,9 +7,7 @@
 //! far larger than any spec. Each is refused with its cause, and the caller
 //! keeps the tokens it had: an unreadable spec is never an empty one.
 
-use std::fs::{File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The default size cap: a spec for 512 endpoints is about 300 KiB, so 16 MiB
@@ -176,38 +174,33 @@ pub fn probe(dir: &Path, path: &Path) -> Result<Presence, SpecReadError> {
 /// on a FIFO or device swapped in after [`probe`]; returns the bytes and the
 /// fingerprint of what was actually read.
 pub fn read(path: &Path, cap: u64) -> Result<(Vec<u8>, Fingerprint), SpecReadError> {
-    let io = |source| SpecReadError::Io {
-        path: path.into(),
-        source,
-    };
-    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
-    // writer. The fstat below then refuses it before any read.
-    let file: File = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    check_regular(path, &meta)?;
-    if meta.len() > cap {
-        return Err(SpecReadError::TooLarge {
+    use crate::input::InputError;
+    // The operator-input reader: the type asked before opening (a device is
+    // refused unopened) and again of the open file, a non-blocking open
+    // (a FIFO must not wait for a writer), a file past the cap refused
+    // unread and one growing past it caught.
+    match crate::input::read_file(path, cap, "a CDI spec") {
+        Ok((bytes, meta)) => Ok((bytes, Fingerprint::of(&meta))),
+        Err(InputError::NotAFile { kind, .. }) => Err(SpecReadError::NotRegular {
+            path: path.into(),
+            kind,
+        }),
+        Err(InputError::TooLarge { .. }) => Err(SpecReadError::TooLarge {
             path: path.into(),
             cap,
-        });
-    }
-    // The file may grow between fstat and read: read one byte past the cap
-    // so growth past it is caught rather than silently truncated.
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(cap.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > cap {
-        return Err(SpecReadError::TooLarge {
+        }),
+        Err(InputError::Io { cause, .. }) => Err(SpecReadError::Io {
             path: path.into(),
-            cap,
-        });
+            source: cause,
+        }),
+        // Neither text nor pipes are asked for, so these are not given.
+        Err(e @ (InputError::NotText { .. } | InputError::Stalled { .. })) => {
+            Err(SpecReadError::Io {
+                path: path.into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        }
     }
-    Ok((bytes, Fingerprint::of(&meta)))
 }
 
 fn check_regular(path: &Path, m: &std::fs::Metadata) -> Result<(), SpecReadError> {
@@ -302,7 +295,7 @@ mod tests {
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
         // Held open, as a container's bind mount holds a host folder.
-        let held = File::open(&dir).unwrap();
+        let held = std::fs::File::open(&dir).unwrap();
         std::fs::remove_dir(&dir).unwrap();
         let still = PathBuf::from(format!(
             "/proc/self/fd/{}",
