@@ -63,9 +63,11 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub ascend_fabric: Option<PathBuf>,
 
-    /// How long a host tool (nvidia-smi, lldpctl) may run before it is killed.
-    /// For the fabric its answer then counts as unreadable and the previous
-    /// one is kept; a rail pass fails, naming the tool.
+    /// How long a host tool (nvidia-smi, lldpctl) may run before it is killed,
+    /// and a piped rails input (a shell's <(…)) may take to be written whole;
+    /// each tool and each input has its own. For the fabric a tool's answer
+    /// then counts as unreadable and the previous one is kept; a rail pass
+    /// fails, naming the tool or the input.
     #[arg(long, global = true, default_value = "30s", value_name = "DURATION", value_parser = parse_tool_timeout)]
     pub tool_timeout: Duration,
 
