@@ -32,6 +32,16 @@ pub fn stale_reason(what: &str, dir: &Path) -> String {
     )
 }
 
+/// For tests: `dir` held open, and the path that reaches it through the
+/// handle. A held handle stands in for a mount: its `/proc` link reaches the
+/// folder it was opened on, as a mount point does, deleted or not.
+#[cfg(test)]
+pub(crate) fn held(dir: &Path) -> (std::fs::File, std::path::PathBuf) {
+    let file = std::fs::File::open(dir).unwrap();
+    let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)));
+    (file, through)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,10 +51,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
-        // A held handle stands in for a mount: its /proc link reaches the
-        // folder it was opened on, as the mount point does, deleted or not.
-        let held = std::fs::File::open(&dir).unwrap();
-        let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held)));
+        let (_held, through) = held(&dir);
         assert!(!deleted_in_place(&through), "a live folder");
         assert!(!deleted_in_place(&dir));
         std::fs::remove_dir(&dir).unwrap();

@@ -114,15 +114,20 @@ fn the_archive_holds_only_what_discovery_read() {
     assert!(!String::from_utf8_lossy(&flate2_decode(&bytes)).contains("SERIAL-NUMBER-1234"));
 }
 
-#[test]
-fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
+/// The member names of a capture of the tree `build` makes.
+fn captured(build: impl FnOnce(&Path)) -> BTreeSet<String> {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("sys");
-    drop(fixtures::vf_only(&root));
+    build(&root);
     let archive = tmp.path().join("node.tar.gz");
     let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let names = members(&archive);
+    members(&archive)
+}
+
+#[test]
+fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
+    let names = captured(|root| drop(fixtures::vf_only(root)));
     // The PF answers for its VFs with netdevs (0000:04:00.2-.4); the VF
     // without one (0000:04:00.5) is known from its PF's side only, so it is
     // read as any function is.
@@ -135,13 +140,7 @@ fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
 
 #[test]
 fn a_pci_functions_cpu_list_is_read_once_per_numa_node() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("sys");
-    drop(fixtures::vf_only(&root));
-    let archive = tmp.path().join("node.tar.gz");
-    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let names = members(&archive);
+    let names = captured(|root| drop(fixtures::vf_only(root)));
     let read = |f: &str| names.iter().any(|n| n.ends_with(&format!("{f}/local_cpulist")));
     // The kernel prints it from the node alone: the PF reads node 1's, VF
     // 0000:04:00.2 node -1's (every online CPU); the other VFs are on one

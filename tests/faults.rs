@@ -18,6 +18,18 @@ use std::process::{Command, Output};
 
 const NOW: &str = "2026-03-01T12:00:00Z";
 
+/// Starts nodefabric with `args` in the background, its output discarded.
+fn spawn_quiet(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(args)
+        .env("NODEFABRIC_NOW", NOW)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn nodefabric(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nodefabric"))
         .args(args)
@@ -175,14 +187,7 @@ fn fifos_planted_where_publish_reads_its_own_files_are_replaced_not_waited_on() 
         break_path(&planted, Form::Fifo);
     }
     let dirs = node.dirs();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(node.args("publish", &dirs, &[]))
-        .env("NODEFABRIC_NOW", NOW)
-        .env_remove("NODEFABRIC_SYSFS_ROOT")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_quiet(&node.args("publish", &dirs, &[]));
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -589,15 +594,11 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     let mounted = format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd());
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dirs = node.dirs();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", &mounted])
-        .args(["--state-dir", &dirs[2], "--interval", "1s", "--health-addr", &format!("127.0.0.1:{port}")])
-        .env("NODEFABRIC_NOW", NOW)
-        .env_remove("NODEFABRIC_SYSFS_ROOT")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let health = format!("127.0.0.1:{port}");
+    let mut child = spawn_quiet(&[
+        "publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", &mounted,
+        "--state-dir", &dirs[2], "--interval", "1s", "--health-addr", &health,
+    ]);
     let until = |what: &str, ok: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !ok() {

@@ -295,12 +295,8 @@ mod tests {
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
         // Held open, as a container's bind mount holds a host folder.
-        let held = std::fs::File::open(&dir).unwrap();
+        let (_held, still) = crate::mounts::held(&dir);
         std::fs::remove_dir(&dir).unwrap();
-        let still = PathBuf::from(format!(
-            "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&held)
-        ));
         let err = probe(&still, &still.join("spec.json")).unwrap_err();
         assert_eq!(err.cause(), "folder_deleted");
         assert!(
