@@ -21,24 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .compile_fds(protox::compile([cri], ["proto"])?)?;
     commit();
-    fixed_address_publisher();
     Ok(())
-}
-
-/// Links the short-lived `nodefabric` binary at a fixed address (not as a
-/// position-independent executable). A PIE must have its ~30,000 internal
-/// pointers (vtables, panic locations, static tables) relocated by the
-/// dynamic loader at every start, copying about 120 pages; at fixed
-/// addresses the linker settles them once. That was a fifth of a small
-/// node's whole pass, run every minute on every node (`docs/benchmarks.md`).
-/// The cost is that the binary's own code is not randomised in memory, as
-/// for Go node agents (NFD's, the device plugins') built with their
-/// toolchain's default; libraries, heap and stack still are. The
-/// long-running device plugin stays a PIE.
-fn fixed_address_publisher() {
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo:rustc-link-arg-bin=nodefabric=-no-pie");
-    }
 }
 
 /// Sets `NODEFABRIC_COMMIT` for `--version`: the value given to the build

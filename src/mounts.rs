@@ -14,12 +14,25 @@ use std::path::Path;
 
 /// True when the folder at `dir` has been deleted while something still
 /// holds it, as a container's mount holds a host folder deleted since: it
-/// is still a folder at its path, with no names left linking to it.
+/// is still a folder at its path, with no names left linking to it, and
+/// the kernel answers a listing of it with ENOENT (it marks a removed
+/// folder dead). The link count alone is not trusted: a filesystem may
+/// report none for a live folder, and a restart loop is a high price.
 ///
 /// A folder that is simply missing, or was made again at the path this
 /// process sees, is not: those mend themselves.
 pub fn deleted_in_place(dir: &Path) -> bool {
-    std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 0)
+    if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 0) {
+        return false;
+    }
+    // Opened (it is there), then refused when listed: a dead folder. The
+    // listing is asked of the kernel itself, since libc's readdir reports
+    // this ENOENT as the end of an empty folder.
+    let Ok(folder) = std::fs::File::open(dir) else { return false };
+    let mut space = [0u8; 1024];
+    // SAFETY: an open folder's descriptor and a writable buffer of the length given.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, std::os::fd::AsRawFd::as_raw_fd(&folder), space.as_mut_ptr(), space.len()) };
+    n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT)
 }
 
 /// What to say of a folder [`deleted_in_place`]: `what` names its role

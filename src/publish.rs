@@ -47,11 +47,11 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
 /// Makes sure every folder a pass will write into exists and takes a new
 /// file, before anything is written: a pass that would fail on its second
 /// folder must not have replaced the first folder's file already.
-pub fn check_folders(dirs: &[&Path]) -> Result<()> {
+pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
     if let Some(why) = stale_folder(dirs) {
         anyhow::bail!("{why}; nothing published");
     }
-    for dir in dirs {
+    for (_, dir) in dirs {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         tempfile::Builder::new()
             .prefix(".nodefabric-check.")
@@ -61,10 +61,11 @@ pub fn check_folders(dirs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// Why one of `dirs` can take nothing until this process restarts: it was
-/// deleted on the host while mounted here (see [`crate::mounts`]).
-pub fn stale_folder(dirs: &[&Path]) -> Option<String> {
-    dirs.iter().find(|d| crate::mounts::deleted_in_place(d)).map(|d| crate::mounts::stale_reason("the folder", d))
+/// Why one of `dirs` (each with what it is for: "the CDI folder") can take
+/// nothing until this process restarts: it was deleted on the host while
+/// mounted here (see [`crate::mounts`]).
+pub fn stale_folder(dirs: &[(&str, &Path)]) -> Option<String> {
+    dirs.iter().find(|(_, d)| crate::mounts::deleted_in_place(d)).map(|(what, d)| crate::mounts::stale_reason(what, d))
 }
 
 /// The largest file of our own (a record, a spec, the feature file) read

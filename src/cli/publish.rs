@@ -93,21 +93,24 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
         }
         // A folder deleted under this container's mount takes nothing until
         // a restart mounts the new one: liveness fails so the kubelet does it.
-        health.set_broken(output_folders(args).ok().and_then(|f| publish::stale_folder(&f)));
+        health.set_broken(publish::stale_folder(&output_folders(args).0));
         std::thread::sleep(interval);
     }
 }
 
-/// Every folder a pass writes into.
-fn output_folders(args: &PublishArgs) -> Result<Vec<&Path>> {
-    let rails_dir = match &args.rails_file {
-        Some(file) => Some(folder_and_name(file, "--rails-file")?.0),
-        None => None,
+/// Every folder a pass writes into, with what it is for; a `--rails-file`
+/// that names no file in a folder is the error, after the others.
+fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>) {
+    let mut folders = vec![
+        ("the features folder", args.features_dir.as_path()),
+        ("the CDI folder", args.cdi_dir.as_path()),
+        ("the state folder", args.state_dir.as_path()),
+    ];
+    let rails = match &args.rails_file {
+        Some(file) => folder_and_name(file, "--rails-file").map(|(dir, _)| folders.push(("the --rails-file folder", dir))),
+        None => Ok(()),
     };
-    Ok([Some(args.features_dir.as_path()), Some(args.cdi_dir.as_path()), Some(args.state_dir.as_path()), rails_dir]
-        .into_iter()
-        .flatten()
-        .collect())
+    (folders, rails)
 }
 
 /// One publish pass: discover, then write each artifact only if it changed.
@@ -120,7 +123,8 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let ttl = args.ttl();
     let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
         .context("previous feature file kept")?;
-    let folders = output_folders(args)?;
+    let (folders, rails) = output_folders(args);
+    rails?;
     publish::check_folders(&folders)?;
     let dir = &args.features_dir;
     // What cannot be read as our file is rewritten; it never stalls the pass.

@@ -59,7 +59,8 @@ impl Health {
         let (code, body) = match path {
             "/livez" | "/healthz" => match self.broken() {
                 Some(why) => return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-                None if self.live() => (StatusCode::OK, "ok\n"),
+                // The flag itself: broken was just read, once.
+                None if self.live.load(Ordering::SeqCst) => (StatusCode::OK, "ok\n"),
                 None => (StatusCode::SERVICE_UNAVAILABLE, "not started\n"),
             },
             "/readyz" if self.ready() => (StatusCode::OK, "ok\n"),

@@ -32,7 +32,10 @@ pub type VfParents = std::collections::HashMap<String, String>;
 /// exists only in kernels built with NUMA, which print it so). One read per
 /// node therefore answers for every function on it; on a large node that is
 /// one read in place of hundreds. An unreadable list is not remembered, so
-/// the next function on the node reads its own.
+/// the next function on the node reads its own; and a function answered
+/// from the node is not asked, so its own file failing (a device removed
+/// during the pass) goes unnoticed, as its other facts would had it gone a
+/// moment later.
 type NodeCpus = std::collections::HashMap<i64, String>;
 
 /// Enumerates `class/net`. Only a failure to list the folder itself is an
