@@ -915,6 +915,37 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
 }
 
 #[tokio::test]
+async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
+    use std::os::fd::AsRawFd;
+    let d = Dirs::new();
+    fixtures::no_accelerator(&d.tree("n"));
+    publish(&d.tree("n"), &d.cdi());
+    // As for the CDI folder: a held handle stands in for the mount.
+    let held = std::fs::File::open(d.kubelet()).unwrap();
+    let mounted = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd()));
+    let addr = free_addr();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let _plugin = Plugin::start(
+        &mounted,
+        &d.cdi(),
+        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
+    );
+    kubelet.registrations(3).await;
+    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    // The host's kubelet makes its folder again: its new kubelet.sock is
+    // out of the old mount's sight.
+    std::fs::remove_dir_all(d.kubelet()).unwrap();
+    std::fs::create_dir(d.kubelet()).unwrap();
+    eventually("/healthz 503", || http_get(&addr, "/healthz").0 == 503).await;
+    let (_, why) = http_get(&addr, "/healthz");
+    assert!(
+        why.contains("the kubelet folder") && why.contains(&mounted.display().to_string()),
+        "{why}"
+    );
+}
+
+#[tokio::test]
 async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));

@@ -95,8 +95,8 @@ struct State {
     unreadable: Vec<String>,
     /// When the current look at the CDI folder began, if one is running.
     loading_since: Option<Instant>,
-    /// Why the CDI folder this process sees is a deleted one (see
-    /// [`crate::mounts`]), if it is.
+    /// Why the CDI or kubelet folder this process sees is a deleted one
+    /// (see [`crate::mounts`]), if one is.
     stale: Option<String>,
 }
 
@@ -267,8 +267,8 @@ impl Observed {
         self.lock().loading_since = busy.then(Instant::now);
     }
 
-    /// Records whether the CDI folder is one deleted under this container's
-    /// mount (`Some(why)`), which only a restart mends.
+    /// Records whether the CDI or the kubelet folder is one deleted under
+    /// this container's mount (`Some(why)`), which only a restart mends.
     pub fn stale_folder(&self, why: Option<String>) {
         self.lock().stale = why;
     }

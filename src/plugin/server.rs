@@ -171,9 +171,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             .expect("the loader is put back after every look");
         // Off the runtime thread: file I/O must never stall the gRPC servers.
         observed.loading(true);
-        let (l, fresh, outcome) = tokio::task::spawn_blocking(move || {
+        let kubelet_dir = config.kubelet_dir.clone();
+        let (l, fresh, outcome, kubelet_stale) = tokio::task::spawn_blocking(move || {
             let (c, o) = l.load(&served);
-            (l, c, o)
+            // The kubelet folder too: a new kubelet.sock in the host's new
+            // folder is never seen through the old mount.
+            let stale = crate::mounts::deleted_in_place(&kubelet_dir)
+                .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
+            (l, c, o, stale)
         })
         .await
         .context("reading the CDI specs")?;
@@ -187,7 +192,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .unreadable
                 .iter()
                 .find(|(_, cause, _)| *cause == FOLDER_DELETED)
-                .map(|(_, _, message)| message.clone()),
+                .map(|(_, _, message)| message.clone())
+                .or(kubelet_stale),
         );
         observed.look(
             &outcome.reloaded,
