@@ -62,7 +62,7 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
             vf_netdevs.entry(dev.as_str()).or_insert((name.as_str(), netdir.as_str()));
         }
     }
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(located.len());
     let mut vf_parents = VfParents::default();
     let mut node_cpus = NodeCpus::default();
     for (name, at) in &located {
@@ -274,7 +274,9 @@ fn virtual_functions(
     node_cpus: &mut NodeCpus,
 ) -> Result<Vec<Interface>, SysError> {
     let entries = root.list(pf_dev)?;
-    let mut vfs = Vec::new();
+    // Sized once: an interface is large, and growing a PF's list of tens
+    // of VFs moved every one of them several times.
+    let mut vfs = Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
     for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
         let vf_dev = match root.resolve(&join(pf_dev, entry)) {
             Ok(d) => d,
@@ -322,6 +324,43 @@ fn virtual_functions(
         vf.topology = pf.topology.clone();
         vfs.push(vf);
     }
-    vfs.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
-    Ok(vfs)
+    Ok(by_address(vfs))
+}
+
+/// `vfs` in PCI-address order, equal addresses in the order given (as a
+/// stable sort leaves them). The order is found on indices and each
+/// interface is moved into place once: a stable sort of the interfaces
+/// themselves (large structs) moved each several times through a scratch
+/// copy, a visible part of a pass on a node of many VFs.
+fn by_address(vfs: Vec<Interface>) -> Vec<Interface> {
+    let mut order: Vec<usize> = (0..vfs.len()).collect();
+    order.sort_by(|&a, &b| vfs[a].pci_bus_id.cmp(&vfs[b].pci_bus_id));
+    let mut slots: Vec<Option<Interface>> = vfs.into_iter().map(Some).collect();
+    order.into_iter().map(|i| slots[i].take().expect("each index once")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vfs_come_in_address_order_and_equal_addresses_keep_theirs() {
+        let vf = |addr: Option<&str>, name: &str| Interface {
+            pci_bus_id: addr.map(str::to_string),
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        // As `virtfnN` names list them: 0, 1, 10, 2 …; a placeholder without
+        // an address; two links to one VF.
+        let given = vec![
+            vf(Some("0000:04:00.2"), "a"),
+            vf(Some("0000:04:00.3"), "b"),
+            vf(Some("0000:04:01.4"), "c"),
+            vf(None, "d"),
+            vf(Some("0000:04:00.4"), "e"),
+            vf(Some("0000:04:00.3"), "f"),
+        ];
+        let names: Vec<_> = by_address(given).into_iter().map(|v| v.name.unwrap()).collect();
+        assert_eq!(names, ["d", "a", "b", "f", "e", "c"]);
+    }
 }
