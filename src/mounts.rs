@@ -22,7 +22,14 @@ use std::path::Path;
 /// A folder that is simply missing, or was made again at the path this
 /// process sees, is not: those mend themselves.
 pub fn deleted_in_place(dir: &Path) -> bool {
-    if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.nlink() == 0) {
+    std::fs::metadata(dir).is_ok_and(|m| deleted(dir, &m))
+}
+
+/// [`deleted_in_place`] for a caller that already holds the folder's
+/// metadata (`meta`, from a `stat` of `dir`): the listing is asked only of
+/// a folder with no links left.
+pub fn deleted(dir: &Path, meta: &std::fs::Metadata) -> bool {
+    if !(meta.is_dir() && meta.nlink() == 0) {
         return false;
     }
     // Opened (it is there), then refused when listed: a dead folder. The

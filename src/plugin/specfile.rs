@@ -126,10 +126,10 @@ pub enum Presence {
 /// reason it cannot be a spec. `dir` is checked first so that a missing
 /// folder reads as unreadable rather than as "no spec".
 pub fn probe(dir: &Path, path: &Path) -> Result<Presence, SpecReadError> {
-    if crate::mounts::deleted_in_place(dir) {
-        return Err(SpecReadError::FolderDeleted { path: dir.into() });
-    }
     match std::fs::metadata(dir) {
+        Ok(m) if crate::mounts::deleted(dir, &m) => {
+            return Err(SpecReadError::FolderDeleted { path: dir.into() })
+        }
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(SpecReadError::FolderMissing {
