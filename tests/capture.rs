@@ -47,13 +47,19 @@ fn members(archive: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// Captures the tree (or archive) at `root` into `out`; the capture must
+/// succeed, or the failure is reported under `name`.
+fn capture(name: &str, root: &Path, out: &Path) {
+    let o = nodefabric(root, &["capture", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn round_trip(name: &str, build: impl FnOnce(&Path)) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("sys");
     build(&root);
     let archive = tmp.path().join("node.tar.gz");
-    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
-    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    capture(name, &root, &archive);
     let live = views(&root);
     let replay = views(&archive);
     for (i, cmd) in ["inventory", "features", "cdi", "preflight"].iter().enumerate() {
@@ -66,8 +72,7 @@ fn round_trip(name: &str, build: impl FnOnce(&Path)) {
     }
     // Capturing the replayed tree gives the same archive: nothing was lost or added.
     let again = tmp.path().join("again.tar.gz");
-    let o = nodefabric(&archive, &["capture", "--out", again.to_str().unwrap()]);
-    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    capture(name, &archive, &again);
     assert_eq!(fs::read(&archive).unwrap(), fs::read(&again).unwrap(), "{name}: capture is not stable");
 }
 
@@ -99,8 +104,7 @@ fn the_archive_holds_only_what_discovery_read() {
     t.write("kernel/secret", "do not copy");
     t.write("firmware/acpi/tables/DSDT", "tables");
     let archive = tmp.path().join("node.tar.gz");
-    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    capture("the archive", &root, &archive);
     let names = members(&archive);
     assert!(names.iter().all(|n| !n.contains("vpd") && !n.starts_with("kernel") && !n.starts_with("firmware")), "{names:#?}");
     // What it does hold: the links followed and the attributes read.
@@ -120,8 +124,7 @@ fn captured(build: impl FnOnce(&Path)) -> BTreeSet<String> {
     let root = tmp.path().join("sys");
     build(&root);
     let archive = tmp.path().join("node.tar.gz");
-    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    capture("captured", &root, &archive);
     members(&archive)
 }
 
@@ -342,7 +345,7 @@ fn a_real_capture_replays_at_exactly_its_entry_count_and_not_one_below() {
     let root = tmp.path().join("sys");
     drop(fixtures::gpu8_switch_paired(&root));
     let archive = tmp.path().join("node.tar.gz");
-    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    capture("the tree", &root, &archive);
     let n = members(&archive).len();
     let scratch_tmp = tmp.path().join("tmp");
     fs::create_dir(&scratch_tmp).unwrap();
@@ -375,7 +378,7 @@ fn a_link_leaving_the_captured_tree_is_archived_as_a_link_out_of_sysfs() {
     let root = tmp.path().join("sys");
     drop(fixtures::hostile(&root));
     let archive = tmp.path().join("node.tar.gz");
-    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    capture("the tree", &root, &archive);
     let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
     let mut ar = tar::Archive::new(gz);
     let evil = ar.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap() == Path::new("sysfs/class/net/evil")).expect("the link is archived");
@@ -400,7 +403,7 @@ fn signal_during_a_slow_replay(signal: i32) {
     let root = tmp.path().join("sys");
     drop(fixtures::gpu8_switch_paired(&root));
     let archive = tmp.path().join("node.tar.gz");
-    assert!(nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]).status.success());
+    capture("the tree", &root, &archive);
     let replay_tmp = tmp.path().join("tmp");
     fs::create_dir(&replay_tmp).unwrap();
     let started = tmp.path().join("started");

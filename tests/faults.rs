@@ -7,6 +7,8 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/mount.rs"]
+mod mount;
 #[path = "support/host.rs"]
 #[allow(dead_code)]
 mod host;
@@ -583,20 +585,16 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 #[test]
 fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming_it() {
-    use std::os::fd::AsRawFd;
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
     let host_cdi = node.out.join("cdi");
     fs::create_dir_all(&host_cdi).unwrap();
-    // A handle held here stands in for the container's mount: its /proc
-    // link reaches the folder it was opened on, as a mount point does,
-    // whatever the host does to the path afterwards.
-    let held = fs::File::open(&host_cdi).unwrap();
-    let mounted = format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd());
+    let (_held, mounted) = mount::held(&host_cdi);
+    let mounted = mounted.to_str().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let dirs = node.dirs();
     let health = format!("127.0.0.1:{port}");
     let mut child = spawn_quiet(&[
-        "publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", &mounted,
+        "publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", mounted,
         "--state-dir", &dirs[2], "--interval", "1s", "--health-addr", &health,
     ]);
     let until = |what: &str, ok: &dyn Fn() -> bool| {
@@ -614,7 +612,7 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     fs::create_dir(&host_cdi).unwrap();
     until("liveness fails", &|| http_get(port, "/livez").is_some_and(|(s, _)| s == 503));
     let (_, why) = http_get(port, "/livez").unwrap();
-    assert!(why.contains(&mounted) && why.contains("deleted on the host"), "{why}");
+    assert!(why.contains(mounted) && why.contains("deleted on the host"), "{why}");
     assert_eq!(http_get(port, "/readyz").unwrap().0, 503, "no pass can publish");
     child.kill().unwrap();
     child.wait().unwrap();

@@ -6,6 +6,8 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
+#[path = "support/mount.rs"]
+mod mount;
 #[path = "support/kubelet.rs"]
 mod kubelet;
 
@@ -870,15 +872,10 @@ async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_agai
 
 #[tokio::test]
 async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_keeps_its_tokens() {
-    use std::os::fd::AsRawFd;
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
-    // A handle held here stands in for the container's mount of the host
-    // folder: its /proc link reaches the folder it was opened on, as a
-    // mount point does, whatever the host does to the path afterwards.
-    let held = std::fs::File::open(d.cdi()).unwrap();
-    let mounted = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd()));
+    let (_held, mounted) = mount::held(&d.cdi());
     let addr = free_addr();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let plugin = Plugin::start(
@@ -916,13 +913,10 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
 
 #[tokio::test]
 async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
-    use std::os::fd::AsRawFd;
     let d = Dirs::new();
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
-    // As for the CDI folder: a held handle stands in for the mount.
-    let held = std::fs::File::open(d.kubelet()).unwrap();
-    let mounted = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd()));
+    let (_held, mounted) = mount::held(&d.kubelet());
     let addr = free_addr();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let _plugin = Plugin::start(
