@@ -236,6 +236,15 @@ fn unreadable_numa_node_keeps_the_numa_label() {
 }
 
 #[test]
+fn unreadable_local_cpulist_keeps_the_cpu_affinity() {
+    // The PF reads node 1's list first (the other functions on its node
+    // take it from there), so the fault is met where it is read.
+    for form in FILE_FORMS {
+        row("local_cpulist", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("local_cpulist"), form, "cpuAffinity");
+    }
+}
+
+#[test]
 fn unreadable_operstate_keeps_up() {
     for form in FILE_FORMS {
         row("operstate", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0/operstate"), form, "up");

@@ -209,7 +209,7 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
     let node = node.filter(|_| bus == "pci");
     let cpus = match node.and_then(|n| node_cpus.get(&n)) {
         Some(known) => Ok(Some(known.clone())),
-        None => attribute(root, &join(dev, "local_cpulist")),
+        None => cpu_list(root, dev),
     };
     match cpus {
         Ok(v) => {
@@ -260,6 +260,28 @@ fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Opt
         }
     }
     iface
+}
+
+/// A device's `local_cpulist`, which must read as the kernel prints a CPU
+/// list (`0-23,48-71`, or nothing): other text is unreadable, not an
+/// answer, and so is never taken for its NUMA node's list either.
+fn cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, String> {
+    let rel = join(dev, "local_cpulist");
+    match attribute(root, &rel)? {
+        Some(v) if !is_cpu_list(&v) => Err(format!("{rel}: {v:?} is not a CPU list")),
+        v => Ok(v),
+    }
+}
+
+/// True for a CPU list as the kernel prints one (`%*pbl`): comma-separated
+/// CPU numbers and `first-last` ranges, or nothing at all.
+fn is_cpu_list(s: &str) -> bool {
+    let number = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    s.is_empty()
+        || s.split(',').all(|item| match item.split_once('-') {
+            Some((first, last)) => number(first) && number(last),
+            None => number(item),
+        })
 }
 
 /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
@@ -362,5 +384,15 @@ mod tests {
         ];
         let names: Vec<_> = by_address(given).into_iter().map(|v| v.name.unwrap()).collect();
         assert_eq!(names, ["d", "a", "b", "f", "e", "c"]);
+    }
+
+    #[test]
+    fn a_cpu_list_is_what_the_kernel_prints_and_nothing_else() {
+        for ok in ["", "0", "0-95", "0-23,48-71", "3,5,7-9"] {
+            assert!(is_cpu_list(ok), "{ok:?}");
+        }
+        for bad in ["\u{fffd}garbage", "0-", "-3", "0,,1", "0-3-5", "1 2", ",", "0x1f", "ff,ffffffff"] {
+            assert!(!is_cpu_list(bad), "{bad:?}");
+        }
     }
 }
