@@ -410,6 +410,11 @@ impl Tree {
     /// discovery): the standard 256-byte header with the function's vendor,
     /// device and class, and for a bridge its primary, secondary and
     /// subordinate bus numbers, taken from the folders nested under it.
+    /// Beside it, the `revision`, `subsystem_vendor` and `subsystem_device`
+    /// attributes the kernel gives every PCI function: `lspci -tv` on a real
+    /// node opens all three for each function, and where they are missing it
+    /// stops at the first and skips the other two, so a tree without them
+    /// would time it doing less than it does on any real node.
     pub fn pci_configs(&self) {
         let bus = |addr: &str| u8::from_str_radix(&addr[5..7], 16).unwrap();
         let is_addr = |n: &str| n.len() == 12 && n.as_bytes()[4] == b':' && n.as_bytes()[10] == b'.';
@@ -422,7 +427,20 @@ impl Tree {
             c[2..4].copy_from_slice(&(device as u16).to_le_bytes());
             c[4] = 0x06; // memory space and bus master on
             c[9..12].copy_from_slice(&class.to_le_bytes()[..3]); // prog-if, subclass, class
-            if class >> 8 == 0x0604 {
+            // Revision 0 (byte 8, left zero). An endpoint's subsystem IDs
+            // repeat its own, as a vendor's reference board does; a bridge's
+            // header has no such field (only a capability, not modelled
+            // here, would give them), so the kernel prints 0 for it.
+            let bridge = class >> 8 == 0x0604;
+            let (sub_vendor, sub_device) = if bridge { (0, 0) } else { (vendor as u16, device as u16) };
+            if !bridge {
+                c[0x2c..0x2e].copy_from_slice(&sub_vendor.to_le_bytes());
+                c[0x2e..0x30].copy_from_slice(&sub_device.to_le_bytes());
+            }
+            fs::write(dir.join("revision"), "0x00\n").unwrap();
+            fs::write(dir.join("subsystem_vendor"), format!("0x{sub_vendor:04x}\n")).unwrap();
+            fs::write(dir.join("subsystem_device"), format!("0x{sub_device:04x}\n")).unwrap();
+            if bridge {
                 // Every PCI address below the bridge, at any depth, is on
                 // a bus it forwards to.
                 let mut below = Vec::new();
