@@ -63,12 +63,11 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
         }
     }
     let mut out = Vec::with_capacity(located.len());
-    let mut vf_parents = VfParents::default();
-    let mut node_cpus = NodeCpus::default();
+    let mut walk = Walk { root, vf_netdevs, vf_parents: VfParents::default(), node_cpus: NodeCpus::default() };
     for (name, at) in &located {
         match at {
             Ok(Located { is_vf: true, .. }) => {}
-            Ok(at) => out.push(interface(root, name, at, &vf_netdevs, &mut vf_parents, &mut node_cpus)),
+            Ok(at) => out.push(walk.interface(name, at)),
             Err(e) => {
                 warn!("interface {name} unreadable: {e}");
                 let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
@@ -78,7 +77,20 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Scan { interfaces: out, vf_parents })
+    Ok(Scan { interfaces: out, vf_parents: walk.vf_parents })
+}
+
+/// The walk over `class/net` entries, with what it learns on the way that
+/// later entries reuse.
+struct Walk<'a> {
+    root: &'a SysRoot,
+    /// Each VF's netdev as `class/net` named it, so its PF need not list
+    /// the VF's `net` folder.
+    vf_netdevs: VfNetdevs<'a>,
+    /// What the scan reports (see [`Scan::vf_parents`]), filled as PFs are built.
+    vf_parents: VfParents,
+    /// One `local_cpulist` per NUMA node (see [`NodeCpus`]).
+    node_cpus: NodeCpus,
 }
 
 /// Where one `class/net` entry lives: its canonical net folder, its device
@@ -105,17 +117,200 @@ fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
     Ok(Located { netdir, device, is_vf })
 }
 
-/// One top-level interface (a VF is built by its PF).
-fn interface(root: &SysRoot, name: &str, at: &Located, vf_netdevs: &VfNetdevs, vf_parents: &mut VfParents, node_cpus: &mut NodeCpus) -> Interface {
-    let device = at.device.as_deref();
-    let mut iface = build(root, Some(name.to_string()), Some(&at.netdir), device, Function::Top, node_cpus);
-    if let Some(dev) = device {
-        match virtual_functions(root, dev, &iface, vf_netdevs, vf_parents, node_cpus) {
-            Ok(vfs) => iface.virtual_functions = vfs,
-            Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
+impl Walk<'_> {
+    /// One top-level interface (a VF is built by its PF).
+    fn interface(&mut self, name: &str, at: &Located) -> Interface {
+        let device = at.device.as_deref();
+        let mut iface = self.build(Some(name.to_string()), Some(&at.netdir), device, Function::Top);
+        if let Some(dev) = device {
+            match self.virtual_functions(dev, &iface) {
+                Ok(vfs) => iface.virtual_functions = vfs,
+                Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
+            }
         }
+        iface
     }
-    iface
+
+    /// A device's `local_cpulist`; for a PCI function on NUMA node `node`,
+    /// the list already read for that node, else read and kept for it.
+    fn cpu_list(&mut self, dev: &str, node: Option<i64>) -> Result<Option<String>, String> {
+        if let Some(known) = node.and_then(|n| self.node_cpus.get(&n)) {
+            return Ok(Some(known.clone()));
+        }
+        let list = read_cpu_list(self.root, dev)?;
+        if let (Some(n), Some(list)) = (node, &list) {
+            self.node_cpus.insert(n, list.clone());
+        }
+        Ok(list)
+    }
+
+    /// Builds an interface from its net folder (if it has a netdev) and its device
+    /// folder (if it has a device). An attribute the kernel does not have is an
+    /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
+    /// as unreadable, for [`keep::keep_previous`] to fill in. `function` says
+    /// whether it is a VF (see [`Function`]).
+    fn build(&mut self, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function) -> Interface {
+        let root = self.root;
+        let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
+        let (bus, bus_unreadable) = match device.map(|dev| if function == Function::Virtual { Ok(Some("pci".to_string())) } else { bus_of(root, dev) }) {
+            None => ("virtual".to_string(), None),
+            Some(Ok(bus)) => (bus.unwrap_or_else(|| "unknown".to_string()), None),
+            // A device folder named by a PCI address is on the PCI bus whatever
+            // its unreadable link says; the bus itself is kept from before.
+            Some(Err(e)) if device.is_some_and(|d| crate::pci::normalize(basename(d)).is_some()) => ("pci".to_string(), Some(e.to_string())),
+            Some(Err(e)) => ("unknown".to_string(), Some(e.to_string())),
+        };
+        let mut iface = Interface {
+            name,
+            bus: bus.clone(),
+            is_virtual,
+            ..Default::default()
+        };
+        if let Some(why) = bus_unreadable {
+            note(&mut iface, "bus", why);
+        }
+        if let Some(net) = netdir {
+            match parsed(root, &join(net, "mtu")) {
+                Ok(v) => iface.mtu = v,
+                Err(why) => note(&mut iface, "mtu", why),
+            }
+            // `unknown` is what drivers without carrier reporting (loopback, some
+            // virtual NICs) say; then the administrative IFF_UP flag decides.
+            match attribute(root, &join(net, "operstate")) {
+                Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
+                    note(&mut iface, "up", format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"));
+                }
+                Ok(oper) => {
+                    let oper = oper.unwrap_or_default();
+                    if oper == "unknown" {
+                        match attribute(root, &join(net, "flags")) {
+                            Ok(flags) => iface.up = flags.and_then(|f| parse_hex(&f)).is_some_and(|f| f & 0x1 != 0),
+                            Err(why) => note(&mut iface, "up", why),
+                        }
+                    } else {
+                        iface.up = oper == "up";
+                    }
+                }
+                Err(why) => note(&mut iface, "up", why),
+            }
+        }
+        let Some(dev) = device else { return iface };
+        let node = match numa_node(root, dev) {
+            Ok(n) => {
+                iface.numa = n.and_then(node_number);
+                n
+            }
+            Err(why) => {
+                note(&mut iface, "numa", why);
+                None
+            }
+        };
+        // A PCI function's CPUs follow from its node (see [`NodeCpus`]).
+        let node = node.filter(|_| bus == "pci");
+        match self.cpu_list(dev, node) {
+            Ok(v) => iface.cpu_affinity = v.filter(|s| !s.is_empty()),
+            Err(why) => note(&mut iface, "cpuAffinity", why),
+        }
+        if bus == "pci" {
+            iface.pci_bus_id = Some(basename(dev).to_string());
+            if function == Function::Top {
+                iface.topology = device_topology(dev);
+            }
+        }
+        // A device without the SR-IOV attributes is not a PF: that absence is the
+        // kernel's answer. An unreadable one is not, and must not move a PF with
+        // VFs into the whole-interface families.
+        if function == Function::Top {
+            match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
+                Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
+                Err(why) => note(&mut iface, "physicalFunction", why),
+            }
+            match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
+                Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
+                Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
+            }
+        }
+        match rdma::bound_device(root, dev) {
+            Ok(Some(ibdev)) => {
+                iface.link = Some(rdma::link_verdict(root, dev, &ibdev));
+                iface.rdma = true;
+                iface.rdma_device = Some(ibdev);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // The RDMA tree exists but could not be read: the device name is
+                // kept from the previous pass (or unknown), and the verdict is
+                // Unverified so the node is not judged by it.
+                iface.link = Some(LinkVerdict {
+                    state: LinkState::Unverified,
+                    reason: Some(format!("RDMA tree unreadable: {e}")),
+                    ports: vec![],
+                    first_seen: None,
+                });
+                note(&mut iface, "rdmaDevice", e.to_string());
+            }
+        }
+        iface
+    }
+
+    /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
+    /// its PF's upstream bridges; its NUMA node is its own. A PF folder that
+    /// cannot be listed is an error (its VFs are unreadable, not absent).
+    fn virtual_functions(&mut self, pf_dev: &str, pf: &Interface) -> Result<Vec<Interface>, SysError> {
+        let root = self.root;
+        let entries = root.list(pf_dev)?;
+        // Sized once: an interface is large, and growing a PF's list of tens
+        // of VFs moved every one of them several times.
+        let mut vfs = Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
+        for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
+            let vf_dev = match root.resolve(&join(pf_dev, entry)) {
+                Ok(d) => d,
+                Err(e) => {
+                    // The link still names the VF's PCI address: a placeholder
+                    // under that address lets the previous record fill it in, so
+                    // its partitioned token is not withdrawn.
+                    let addr = root.link_text(&join(pf_dev, entry)).ok().and_then(|t| crate::pci::normalize(basename(&t)));
+                    warn!("VF {entry} of {} unreadable: {e}", pf.pci_bus_id.as_deref().unwrap_or("?"));
+                    if let Some(addr) = addr {
+                        let mut vf = Interface {
+                            bus: "pci".into(),
+                            pci_bus_id: Some(addr),
+                            parent: pf.pci_bus_id.clone(),
+                            topology: pf.topology.clone(),
+                            ..Default::default()
+                        };
+                        note(&mut vf, "interface", e.to_string());
+                        vfs.push(vf);
+                    }
+                    continue;
+                }
+            };
+            // The netdev `class/net` named for this VF; a VF it did not name
+            // (its netdev moved to a pod's namespace, or its entry unreadable)
+            // is asked directly.
+            let (netdev, netdir) = match self.vf_netdevs.get(vf_dev.as_str()) {
+                Some((name, dir)) => {
+                    // Known as a VF from both sides: this PF's link, and its
+                    // netdev's device's `physfn`.
+                    if let Some(pf_addr) = &pf.pci_bus_id {
+                        self.vf_parents.insert(basename(&vf_dev).to_string(), pf_addr.clone());
+                    }
+                    (Some(name.to_string()), Some(dir.to_string()))
+                }
+                None => {
+                    let netdev = root.list(&join(&vf_dev, "net")).ok().and_then(|n| n.into_iter().next());
+                    let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
+                    (netdev, netdir)
+                }
+            };
+            let mut vf = self.build(netdev, netdir.as_deref(), Some(&vf_dev), Function::Virtual);
+            vf.is_virtual = false;
+            vf.parent = pf.pci_bus_id.clone();
+            vf.topology = pf.topology.clone();
+            vfs.push(vf);
+        }
+        Ok(by_address(vfs))
+    }
 }
 
 /// What kind of function [`build`] reads; a VF is read with less.
@@ -145,127 +340,10 @@ fn bus_of(root: &SysRoot, device: &str) -> Result<Option<String>, SysError> {
 /// other text is not an answer.
 const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"];
 
-/// Builds an interface from its net folder (if it has a netdev) and its device
-/// folder (if it has a device). An attribute the kernel does not have is an
-/// answer (absent, or 0 VFs); one that is there and cannot be read is noted
-/// as unreadable, for [`keep::keep_previous`] to fill in. `function` says
-/// whether it is a VF (see [`Function`]).
-fn build(root: &SysRoot, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function, node_cpus: &mut NodeCpus) -> Interface {
-    let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
-    let (bus, bus_unreadable) = match device.map(|dev| if function == Function::Virtual { Ok(Some("pci".to_string())) } else { bus_of(root, dev) }) {
-        None => ("virtual".to_string(), None),
-        Some(Ok(bus)) => (bus.unwrap_or_else(|| "unknown".to_string()), None),
-        // A device folder named by a PCI address is on the PCI bus whatever
-        // its unreadable link says; the bus itself is kept from before.
-        Some(Err(e)) if device.is_some_and(|d| crate::pci::normalize(basename(d)).is_some()) => ("pci".to_string(), Some(e.to_string())),
-        Some(Err(e)) => ("unknown".to_string(), Some(e.to_string())),
-    };
-    let mut iface = Interface {
-        name,
-        bus: bus.clone(),
-        is_virtual,
-        ..Default::default()
-    };
-    if let Some(why) = bus_unreadable {
-        note(&mut iface, "bus", why);
-    }
-    if let Some(net) = netdir {
-        match parsed(root, &join(net, "mtu")) {
-            Ok(v) => iface.mtu = v,
-            Err(why) => note(&mut iface, "mtu", why),
-        }
-        // `unknown` is what drivers without carrier reporting (loopback, some
-        // virtual NICs) say; then the administrative IFF_UP flag decides.
-        match attribute(root, &join(net, "operstate")) {
-            Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
-                note(&mut iface, "up", format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"));
-            }
-            Ok(oper) => {
-                let oper = oper.unwrap_or_default();
-                if oper == "unknown" {
-                    match attribute(root, &join(net, "flags")) {
-                        Ok(flags) => iface.up = flags.and_then(|f| parse_hex(&f)).is_some_and(|f| f & 0x1 != 0),
-                        Err(why) => note(&mut iface, "up", why),
-                    }
-                } else {
-                    iface.up = oper == "up";
-                }
-            }
-            Err(why) => note(&mut iface, "up", why),
-        }
-    }
-    let Some(dev) = device else { return iface };
-    let node = match numa_node(root, dev) {
-        Ok(n) => {
-            iface.numa = n.and_then(node_number);
-            n
-        }
-        Err(why) => {
-            note(&mut iface, "numa", why);
-            None
-        }
-    };
-    // A PCI function's CPUs follow from its node (see [`NodeCpus`]).
-    let node = node.filter(|_| bus == "pci");
-    let cpus = match node.and_then(|n| node_cpus.get(&n)) {
-        Some(known) => Ok(Some(known.clone())),
-        None => cpu_list(root, dev),
-    };
-    match cpus {
-        Ok(v) => {
-            if let (Some(n), Some(list)) = (node, &v) {
-                node_cpus.entry(n).or_insert_with(|| list.clone());
-            }
-            iface.cpu_affinity = v.filter(|s| !s.is_empty());
-        }
-        Err(why) => note(&mut iface, "cpuAffinity", why),
-    }
-    if bus == "pci" {
-        iface.pci_bus_id = Some(basename(dev).to_string());
-        if function == Function::Top {
-            iface.topology = device_topology(dev);
-        }
-    }
-    // A device without the SR-IOV attributes is not a PF: that absence is the
-    // kernel's answer. An unreadable one is not, and must not move a PF with
-    // VFs into the whole-interface families.
-    if function == Function::Top {
-        match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
-            Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
-            Err(why) => note(&mut iface, "physicalFunction", why),
-        }
-        match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
-            Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
-            Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
-        }
-    }
-    match rdma::bound_device(root, dev) {
-        Ok(Some(ibdev)) => {
-            iface.link = Some(rdma::link_verdict(root, dev, &ibdev));
-            iface.rdma = true;
-            iface.rdma_device = Some(ibdev);
-        }
-        Ok(None) => {}
-        Err(e) => {
-            // The RDMA tree exists but could not be read: the device name is
-            // kept from the previous pass (or unknown), and the verdict is
-            // Unverified so the node is not judged by it.
-            iface.link = Some(LinkVerdict {
-                state: LinkState::Unverified,
-                reason: Some(format!("RDMA tree unreadable: {e}")),
-                ports: vec![],
-                first_seen: None,
-            });
-            note(&mut iface, "rdmaDevice", e.to_string());
-        }
-    }
-    iface
-}
-
 /// A device's `local_cpulist`, which must read as the kernel prints a CPU
 /// list (`0-23,48-71`, or nothing): other text is unreadable, not an
 /// answer, and so is never taken for its NUMA node's list either.
-fn cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, String> {
+fn read_cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, String> {
     let rel = join(dev, "local_cpulist");
     match attribute(root, &rel)? {
         Some(v) if !is_cpu_list(&v) => Err(format!("{rel}: {v:?} is not a CPU list")),
@@ -282,71 +360,6 @@ fn is_cpu_list(s: &str) -> bool {
             Some((first, last)) => number(first) && number(last),
             None => number(item),
         })
-}
-
-/// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
-/// its PF's upstream bridges; its NUMA node is its own. A PF folder that
-/// cannot be listed is an error (its VFs are unreadable, not absent).
-fn virtual_functions(
-    root: &SysRoot,
-    pf_dev: &str,
-    pf: &Interface,
-    vf_netdevs: &VfNetdevs,
-    vf_parents: &mut VfParents,
-    node_cpus: &mut NodeCpus,
-) -> Result<Vec<Interface>, SysError> {
-    let entries = root.list(pf_dev)?;
-    // Sized once: an interface is large, and growing a PF's list of tens
-    // of VFs moved every one of them several times.
-    let mut vfs = Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
-    for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
-        let vf_dev = match root.resolve(&join(pf_dev, entry)) {
-            Ok(d) => d,
-            Err(e) => {
-                // The link still names the VF's PCI address: a placeholder
-                // under that address lets the previous record fill it in, so
-                // its partitioned token is not withdrawn.
-                let addr = root.link_text(&join(pf_dev, entry)).ok().and_then(|t| crate::pci::normalize(basename(&t)));
-                warn!("VF {entry} of {} unreadable: {e}", pf.pci_bus_id.as_deref().unwrap_or("?"));
-                if let Some(addr) = addr {
-                    let mut vf = Interface {
-                        bus: "pci".into(),
-                        pci_bus_id: Some(addr),
-                        parent: pf.pci_bus_id.clone(),
-                        topology: pf.topology.clone(),
-                        ..Default::default()
-                    };
-                    note(&mut vf, "interface", e.to_string());
-                    vfs.push(vf);
-                }
-                continue;
-            }
-        };
-        // The netdev `class/net` named for this VF; a VF it did not name
-        // (its netdev moved to a pod's namespace, or its entry unreadable)
-        // is asked directly.
-        let (netdev, netdir) = match vf_netdevs.get(vf_dev.as_str()) {
-            Some((name, dir)) => {
-                // Known as a VF from both sides: this PF's link, and its
-                // netdev's device's `physfn`.
-                if let Some(pf_addr) = &pf.pci_bus_id {
-                    vf_parents.insert(basename(&vf_dev).to_string(), pf_addr.clone());
-                }
-                (Some(name.to_string()), Some(dir.to_string()))
-            }
-            None => {
-                let netdev = root.list(&join(&vf_dev, "net")).ok().and_then(|n| n.into_iter().next());
-                let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
-                (netdev, netdir)
-            }
-        };
-        let mut vf = build(root, netdev, netdir.as_deref(), Some(&vf_dev), Function::Virtual, node_cpus);
-        vf.is_virtual = false;
-        vf.parent = pf.pci_bus_id.clone();
-        vf.topology = pf.topology.clone();
-        vfs.push(vf);
-    }
-    Ok(by_address(vfs))
 }
 
 /// `vfs` in PCI-address order, equal addresses in the order given (as a
