@@ -91,7 +91,8 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
     }
     set.values.insert("rdma.capable".into(), "true".into());
 
-    let accels: Vec<_> = record.accelerators().collect();
+    // Each accelerator placed once, each endpoint once below.
+    let accels: Vec<_> = record.accelerators().map(|a| pci::Placed::new(a.coordinates())).collect();
     if accels.is_empty() {
         set.withheld.push("rdma.distance: the node has no accelerator".into());
     } else {
@@ -100,9 +101,9 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
         // (SELF and LINK never come from them), so the rest cannot change it.
         let mut closest: Option<Distance> = None;
         'endpoints: for (ep, parent) in &usable_eps {
-            let at = ep.coordinates(*parent);
+            let at = pci::Placed::new(ep.coordinates(*parent));
             for a in &accels {
-                let d = pci::distance(a.coordinates(), at);
+                let d = pci::between(a, &at);
                 closest = Some(closest.map_or(d, |c| c.min(d)));
                 if d == Distance::Pix {
                     break 'endpoints;

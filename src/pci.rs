@@ -132,13 +132,38 @@ pub struct Coordinates<'a> {
 /// further is reported) and `SYS` across nodes; `UNK` when a needed
 /// coordinate is missing.
 pub fn distance(a: Coordinates<'_>, b: Coordinates<'_>) -> Distance {
-    let (Some(addr_a), Some(addr_b)) = (a.address, b.address) else {
+    between(&Placed::new(a), &Placed::new(b))
+}
+
+/// One side of [`distance`] with its address parsed once: a label that
+/// compares every endpoint with every accelerator places each device once,
+/// not once per pair.
+#[derive(Debug, Clone, Copy)]
+pub struct Placed<'a> {
+    /// Domain, bus and device number: the card. `None` when the address is
+    /// missing or not a PCI address.
+    card: Option<(u32, u8, u8)>,
+    bridges: Option<&'a [String]>,
+    numa: Option<u32>,
+}
+
+impl<'a> Placed<'a> {
+    /// Places a device by its coordinates.
+    pub fn new(c: Coordinates<'a>) -> Self {
+        Placed {
+            card: c.address.and_then(parse).map(|(dom, bus, dev, _)| (dom, bus, dev)),
+            bridges: c.bridges,
+            numa: c.numa,
+        }
+    }
+}
+
+/// [`distance`] between two placed devices.
+pub fn between(a: &Placed<'_>, b: &Placed<'_>) -> Distance {
+    let (Some(card_a), Some(card_b)) = (a.card, b.card) else {
         return Distance::Unk;
     };
-    let (Some(pa), Some(pb)) = (parse(addr_a), parse(addr_b)) else {
-        return Distance::Unk;
-    };
-    if (pa.0, pa.1, pa.2) == (pb.0, pb.1, pb.2) {
+    if card_a == card_b {
         return Distance::Pix;
     }
     let (Some(ba), Some(bb)) = (a.bridges, b.bridges) else {
