@@ -131,6 +131,22 @@ fn checked_manifest(root: &Path, list: &[(String, bool)]) -> String {
     list.iter().map(|(p, link)| format!("{}{p}\n", if *link { "L" } else { "F" })).collect()
 }
 
+/// The files `lspci -tv` opens for each PCI function on a real node (seen
+/// with strace on a live /sys), in its order.
+const LSPCI_READS: [&str; 7] = ["config", "vendor", "device", "class", "revision", "subsystem_vendor", "subsystem_device"];
+
+/// Checks that every PCI function of the tree has each file `lspci -tv`
+/// reads on a real node: where one is missing, lspci skips what follows it
+/// and is timed doing less than it would on any real node.
+fn check_lspci_reads(root: &Path) {
+    for entry in fs::read_dir(root.join("bus/pci/devices")).unwrap() {
+        let dir = entry.unwrap().path();
+        for name in LSPCI_READS {
+            assert!(dir.join(name).is_file(), "{}: no {name}, which lspci -tv reads on a real node", dir.display());
+        }
+    }
+}
+
 /// An operator's tool that shows the same tree: how to run it on `dir`
 /// (which holds `sys/`), or `None` when it is not on PATH.
 struct Tool {
@@ -207,6 +223,7 @@ fn main() {
         let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
         let tree = dir.path().join("sys");
         fixtures::large(&tree, endpoints);
+        check_lspci_reads(&tree);
         let list = manifest(&tree);
         let manifest_file = dir.path().join("manifest");
         fs::write(&manifest_file, checked_manifest(&tree, &list)).unwrap();
