@@ -313,7 +313,7 @@ impl Walk<'_> {
     }
 }
 
-/// What kind of function [`build`] reads; a VF is read with less.
+/// What kind of function [`Walk::build`] reads; a VF is read with less.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Function {
     /// An interface of its own (a PF, a plain NIC, a virtual interface):

@@ -15,7 +15,7 @@ pub mod nvsmi;
 pub mod select;
 pub mod topo;
 
-use crate::pci::{self, Coordinates, Distance};
+use crate::pci::{self, Distance};
 use crate::record::{Interface, LinkState, NodeRecord};
 use crate::sysfs::{self, SysRoot};
 use anyhow::{bail, Context, Result};
@@ -314,26 +314,27 @@ fn gpu_paths(
     let smi = nvidia_smi_view(root, record, input, timeout)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
-    // Each rail NIC's place on the bus, looked up once.
+    // Each rail NIC placed on the bus once, each accelerator once below.
     let endpoints = record.endpoints();
-    let nic_coords: BTreeMap<&str, Coordinates> = endpoints
+    let nic_coords: BTreeMap<&str, pci::Placed> = endpoints
         .iter()
         .filter_map(|(ep, parent)| {
             ep.pci_bus_id
                 .as_deref()
                 .filter(|a| nic_rails.contains_key(*a))
-                .map(|a| (a, ep.coordinates(*parent)))
+                .map(|a| (a, pci::Placed::new(ep.coordinates(*parent))))
         })
         .collect();
     for acc in record.accelerators() {
         if covered.contains(&acc.pci_bus_id) {
             continue;
         }
+        let placed = pci::Placed::new(acc.coordinates());
         let mut paths = BTreeMap::new();
         for nic in nic_rails.keys() {
             let class = nic_coords
                 .get(nic.as_str())
-                .map_or(Distance::Unk, |c| pci::distance(acc.coordinates(), *c));
+                .map_or(Distance::Unk, |c| pci::between(&placed, c));
             paths.insert(nic.clone(), class.as_str().to_string());
         }
         let numa = acc.numa.map(topo::NodeList::single);
