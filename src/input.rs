@@ -195,15 +195,22 @@ pub(crate) fn kind_of(ft: std::fs::FileType) -> &'static str {
     }
 }
 
+/// For tests: makes a FIFO at `path`, the input every reader here must
+/// refuse or give up on without hanging.
+#[cfg(test)]
+pub(crate) fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn fifo(dir: &Path) -> PathBuf {
         let path = dir.join("fifo");
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        make_fifo(&path);
         path
     }
 

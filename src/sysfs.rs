@@ -964,9 +964,7 @@ mod tests {
     #[test]
     fn a_fifo_attribute_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
-        let c = std::ffi::CString::new(dir.path().join("state").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        crate::input::make_fifo(&dir.path().join("state"));
         for (way, root) in every_way(dir.path()) {
             assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })), "{way}");
         }

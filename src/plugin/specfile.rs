@@ -222,9 +222,7 @@ mod tests {
     fn a_fifo_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("spec.json");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        crate::input::make_fifo(&fifo);
         assert!(matches!(
             probe(dir.path(), &fifo),
             Err(SpecReadError::NotRegular { kind: "FIFO", .. })
