@@ -876,15 +876,7 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
     let (_held, mounted) = mount::held(&d.cdi());
-    let addr = free_addr();
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(
-        &d.kubelet(),
-        &mounted,
-        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
-    );
-    kubelet.registrations(3).await;
-    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    let (_kubelet, plugin, addr) = ready_with_probes(&d, &d.kubelet(), &mounted).await;
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
 
     // The host replaces the folder; the mount still holds the deleted one.
@@ -917,15 +909,7 @@ async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
     fixtures::no_accelerator(&d.tree("n"));
     publish(&d.tree("n"), &d.cdi());
     let (_held, mounted) = mount::held(&d.kubelet());
-    let addr = free_addr();
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let _plugin = Plugin::start(
-        &mounted,
-        &d.cdi(),
-        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
-    );
-    kubelet.registrations(3).await;
-    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    let (_kubelet, _plugin, addr) = ready_with_probes(&d, &mounted, &d.cdi()).await;
     assert_eq!(http_get(&addr, "/healthz").0, 200);
     // The host's kubelet makes its folder again: its new kubelet.sock is
     // out of the old mount's sight.
@@ -990,6 +974,20 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A plugin that reaches the kubelet folder and the CDI folder by the paths
+/// given (a held mount of either stands in for a hostPath), with its probes
+/// on a free port and a 100 ms poll, started beside a kubelet stand-in on
+/// `d`'s kubelet folder: once all three resources registered and /readyz
+/// said 200. Gives the kubelet, the plugin and the probes' address.
+async fn ready_with_probes(d: &Dirs, kubelet_dir: &Path, cdi_dir: &Path) -> (Kubelet, Plugin, String) {
+    let addr = free_addr();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let plugin = Plugin::start(kubelet_dir, cdi_dir, &["--metrics-addr", &addr, "--poll-interval", "100ms"]);
+    kubelet.registrations(3).await;
+    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    (kubelet, plugin, addr)
 }
 
 /// A free loopback port for the plugin's HTTP server.
