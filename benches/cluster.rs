@@ -15,8 +15,8 @@ mod proc_status;
 #[path = "support/report.rs"]
 mod report;
 
-use proc_status::rss_kib;
 use apiserver::{ApiServer, TOKEN};
+use proc_status::rss_kib;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,12 +30,26 @@ const NODES: usize = 5000;
 
 fn rails(root: &Path, lldp: &Path, kubeconfig: &Path, node: &str, publish: bool) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-    c.args(["rails", "--sysfs-root"]).arg(root).arg("--lldp-json").arg(lldp);
-    c.args(["--interface-regex", "^eth_r([0-9]+)_p[0-9]+$", "--rail-id", "rail$1", "--sysfs-paths", "--node-name", node]);
+    c.args(["rails", "--sysfs-root"])
+        .arg(root)
+        .arg("--lldp-json")
+        .arg(lldp);
+    c.args([
+        "--interface-regex",
+        "^eth_r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+        "--sysfs-paths",
+        "--node-name",
+        node,
+    ]);
     if publish {
         c.args(["--rails-configmap", CM]);
     }
-    c.env("KUBECONFIG", kubeconfig).env("PATH", "/nonexistent").stdout(Stdio::null()).stderr(Stdio::null());
+    c.env("KUBECONFIG", kubeconfig)
+        .env("PATH", "/nonexistent")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     c
 }
 
@@ -63,12 +77,16 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
-    let tmp = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+    let tmp = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
     let dir = tmp.path();
     let root = dir.join("sys");
     fixtures::gpu8_named(&root, |i, _| format!("eth_r{}_p{}", i / 2, i % 2));
     let lldp = dir.join("lldp.json");
-    let ports: Vec<_> = (0..8).map(|i| json!({ format!("eth_r{}_p{}", i / 2, i % 2): {"via": "LLDP"} })).collect();
+    let ports: Vec<_> = (0..8)
+        .map(|i| json!({ format!("eth_r{}_p{}", i / 2, i % 2): {"via": "LLDP"} }))
+        .collect();
     std::fs::write(&lldp, json!({"lldp": {"interface": ports}}).to_string()).unwrap();
 
     let api = ApiServer::start();
@@ -82,8 +100,14 @@ fn main() {
 
     eprintln!("measuring broker passes");
     // One broker pass, against a node-local pass of the same record.
-    let local = median((0..RUNS).map(|_| measure(rails(&root, &lldp, &kubeconfig, "gpu-0000", false)).0).collect());
-    let runs: Vec<_> = (0..RUNS).map(|_| measure(rails(&root, &lldp, &kubeconfig, "gpu-0000", true))).collect();
+    let local = median(
+        (0..RUNS)
+            .map(|_| measure(rails(&root, &lldp, &kubeconfig, "gpu-0000", false)).0)
+            .collect(),
+    );
+    let runs: Vec<_> = (0..RUNS)
+        .map(|_| measure(rails(&root, &lldp, &kubeconfig, "gpu-0000", true)))
+        .collect();
     let broker = median(runs.iter().map(|r| r.0).collect());
     let broker_rss = runs.iter().map(|r| r.1).max().unwrap();
     let record = api.data(NS, CM).unwrap()["gpu-0000"].clone();
@@ -92,7 +116,13 @@ fn main() {
     eprintln!("concurrent brokers");
     // Concurrent brokers, one per Node.
     let start = Instant::now();
-    let children: Vec<_> = (0..BROKERS).map(|i| rails(&root, &lldp, &kubeconfig, &format!("gpu-{i:04}"), true).spawn().unwrap()).collect();
+    let children: Vec<_> = (0..BROKERS)
+        .map(|i| {
+            rails(&root, &lldp, &kubeconfig, &format!("gpu-{i:04}"), true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     for mut c in children {
         assert!(c.wait().unwrap().success());
     }
@@ -104,48 +134,95 @@ fn main() {
     // a quarter of its records for Nodes that are gone.
     let records = apiserver::LIMIT / entry - BROKERS - 1;
     let stale = records / 4;
-    let uids: Vec<String> = (BROKERS..NODES).map(|i| api.add_node(&format!("gpu-{i:04}"))).collect();
+    let uids: Vec<String> = (BROKERS..NODES)
+        .map(|i| api.add_node(&format!("gpu-{i:04}")))
+        .collect();
     api.with(|s| {
         for (i, node_uid) in uids.iter().enumerate().take(records) {
             let uid = if i < stale { "gone" } else { node_uid.as_str() };
-            let name = if i < stale { format!("gone-{i:04}") } else { format!("gpu-{:04}", BROKERS + i) };
+            let name = if i < stale {
+                format!("gone-{i:04}")
+            } else {
+                format!("gpu-{:04}", BROKERS + i)
+            };
             let mut value: serde_json::Value = serde_json::from_str(&record).unwrap();
             value["nodeUID"] = json!(uid);
             s.set_configmap_key(NS, CM, &name, &value.to_string());
         }
     });
-    let stale_left = || api.data(NS, CM).unwrap().keys().filter(|k| k.starts_with("gone-")).count();
+    let stale_left = || {
+        api.data(NS, CM)
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with("gone-"))
+            .count()
+    };
     assert_eq!(stale_left(), stale);
     let start = Instant::now();
     let log = dir.join("observer.log");
     let mut observer = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["observe", "--rails-configmap", CM, "--owner-deployment", "nodefabric-observer", "--log-level", "info"])
+        .args([
+            "observe",
+            "--rails-configmap",
+            CM,
+            "--owner-deployment",
+            "nodefabric-observer",
+            "--log-level",
+            "info",
+        ])
         .env("KUBECONFIG", &kubeconfig)
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     while stale_left() > 0 {
         let log = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(start.elapsed() < Duration::from_secs(120), "the observer did not finish: {log}");
-        assert!(observer.try_wait().unwrap().is_none(), "the observer exited: {log}");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the observer did not finish: {log}"
+        );
+        assert!(
+            observer.try_wait().unwrap().is_none(),
+            "the observer exited: {log}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let first_pass = start.elapsed();
     std::thread::sleep(Duration::from_secs(2));
-    let (idle, peak) = (rss_kib(observer.id(), "VmRSS:"), rss_kib(observer.id(), "VmHWM:"));
+    let (idle, peak) = (
+        rss_kib(observer.id(), "VmRSS:"),
+        rss_kib(observer.id(), "VmHWM:"),
+    );
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(observer.id() as i32, libc::SIGTERM) };
     assert!(observer.wait().unwrap().success());
 
     let mib = |k: f64| format!("{:.1} MiB", k / 1024.0);
     let rows = [
-        ("8-GPU / 4-rail record, key + value".to_string(), format!("{entry} bytes")),
-        ("such records per 1 MiB ConfigMap".into(), format!("{}", apiserver::LIMIT / entry)),
+        (
+            "8-GPU / 4-rail record, key + value".to_string(),
+            format!("{entry} bytes"),
+        ),
+        (
+            "such records per 1 MiB ConfigMap".into(),
+            format!("{}", apiserver::LIMIT / entry),
+        ),
         (format!("`rails`, node-local, median of {RUNS}"), ms(local)),
-        (format!("`rails` as broker (Node GET + merge patch), median of {RUNS}"), ms(broker)),
+        (
+            format!("`rails` as broker (Node GET + merge patch), median of {RUNS}"),
+            ms(broker),
+        ),
         ("broker peak RSS".into(), mib(broker_rss as f64)),
-        (format!("{BROKERS} brokers at once, all keys landed"), ms(concurrent)),
-        (format!("observer: start to {stale} stale of {} records removed, {NODES} Nodes", records + BROKERS), ms(first_pass)),
+        (
+            format!("{BROKERS} brokers at once, all keys landed"),
+            ms(concurrent),
+        ),
+        (
+            format!(
+                "observer: start to {stale} stale of {} records removed, {NODES} Nodes",
+                records + BROKERS
+            ),
+            ms(first_pass),
+        ),
         ("observer RSS after it".into(), mib(idle as f64)),
         ("observer peak RSS".into(), mib(peak as f64)),
     ];

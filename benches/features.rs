@@ -36,7 +36,11 @@ struct Run {
 #[allow(clippy::zombie_processes)]
 fn measure(args: &[String]) {
     let start = Instant::now();
-    let child = Command::new(&args[0]).args(&args[1..]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let child = Command::new(&args[0])
+        .args(&args[1..])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let mut status = 0;
     // SAFETY: plain wait4 on our own child; rusage is a zeroed out-parameter.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -50,7 +54,9 @@ fn measure(args: &[String]) {
 /// Runs `cmd` once through `--measure`; it must succeed.
 fn measured(cmd: &Command) -> Run {
     let mut m = Command::new(std::env::current_exe().unwrap());
-    m.arg("--measure").arg(cmd.get_program()).args(cmd.get_args());
+    m.arg("--measure")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
         if let Some(v) = v {
             m.env(k, v);
@@ -59,7 +65,12 @@ fn measured(cmd: &Command) -> Run {
     let out = m.output().unwrap();
     assert!(out.status.success(), "{cmd:?} failed");
     let report = String::from_utf8(out.stderr).unwrap();
-    let (nanos, kib) = report.trim().rsplit_once('\n').map_or(report.trim(), |(_, l)| l).split_once(' ').expect("NANOS KIB");
+    let (nanos, kib) = report
+        .trim()
+        .rsplit_once('\n')
+        .map_or(report.trim(), |(_, l)| l)
+        .split_once(' ')
+        .expect("NANOS KIB");
     Run {
         wall: Duration::from_nanos(nanos.parse().unwrap()),
         rss_kib: kib.parse().unwrap(),
@@ -80,7 +91,13 @@ fn run_once(root: &Path) -> Run {
 /// plain reader knows its paths, discovery has to find them.
 fn manifest(root: &Path) -> Vec<(String, bool)> {
     let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["capture", "--out", "-", "--sysfs-root", root.to_str().unwrap()])
+        .args([
+            "capture",
+            "--out",
+            "-",
+            "--sysfs-root",
+            root.to_str().unwrap(),
+        ])
         .stderr(std::process::Stdio::null())
         .output()
         .unwrap();
@@ -90,7 +107,9 @@ fn manifest(root: &Path) -> Vec<(String, bool)> {
     for e in tar.entries().unwrap() {
         let e = e.unwrap();
         let path = e.path().unwrap().to_string_lossy().into_owned();
-        let Some(rel) = path.strip_prefix("sysfs/") else { continue };
+        let Some(rel) = path.strip_prefix("sysfs/") else {
+            continue;
+        };
         match e.header().entry_type() {
             tar::EntryType::Symlink => out.push((rel.to_string(), true)),
             tar::EntryType::Regular => out.push((rel.to_string(), false)),
@@ -128,12 +147,22 @@ fn checked_manifest(root: &Path, list: &[(String, bool)]) -> String {
         assert_eq!(meta.file_type().is_symlink(), *link, "{rel}: kind");
         assert!(*link || meta.is_file(), "{rel}: not a file");
     }
-    list.iter().map(|(p, link)| format!("{}{p}\n", if *link { "L" } else { "F" })).collect()
+    list.iter()
+        .map(|(p, link)| format!("{}{p}\n", if *link { "L" } else { "F" }))
+        .collect()
 }
 
 /// The files `lspci -tv` opens for each PCI function on a real node (seen
 /// with strace on a live /sys), in its order.
-const LSPCI_READS: [&str; 7] = ["config", "vendor", "device", "class", "revision", "subsystem_vendor", "subsystem_device"];
+const LSPCI_READS: [&str; 7] = [
+    "config",
+    "vendor",
+    "device",
+    "class",
+    "revision",
+    "subsystem_vendor",
+    "subsystem_device",
+];
 
 /// Checks that every PCI function of the tree has each file `lspci -tv`
 /// reads on a real node: where one is missing, lspci skips what follows it
@@ -142,7 +171,11 @@ fn check_lspci_reads(root: &Path) {
     for entry in fs::read_dir(root.join("bus/pci/devices")).unwrap() {
         let dir = entry.unwrap().path();
         for name in LSPCI_READS {
-            assert!(dir.join(name).is_file(), "{}: no {name}, which lspci -tv reads on a real node", dir.display());
+            assert!(
+                dir.join(name).is_file(),
+                "{}: no {name}, which lspci -tv reads on a real node",
+                dir.display()
+            );
         }
     }
 }
@@ -157,7 +190,11 @@ struct Tool {
 /// The first of `names` found on PATH.
 fn on_path(names: &[&str]) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
-    names.iter().find_map(|n| std::env::split_paths(&path).map(|d| d.join(n)).find(|p| p.is_file()))
+    names.iter().find_map(|n| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(n))
+            .find(|p| p.is_file())
+    })
 }
 
 const TOOLS: [Tool; 2] = [
@@ -173,7 +210,9 @@ const TOOLS: [Tool; 2] = [
         name: "lspci -tv",
         run: |dir| {
             let mut c = Command::new(on_path(&["lspci"])?);
-            c.arg("-tv").args(["-A", "linux-sysfs", "-O"]).arg(format!("sysfs.path={}", dir.join("sys/bus/pci").display()));
+            c.arg("-tv")
+                .args(["-A", "linux-sysfs", "-O"])
+                .arg(format!("sysfs.path={}", dir.join("sys/bus/pci").display()));
             Some(c)
         },
     },
@@ -211,7 +250,10 @@ fn main() {
     // `--tree DIR N`: only write the N-endpoint tree, for profiling by hand
     // (`strace -c -f nodefabric features --sysfs-root DIR`).
     if args.get(1).map(String::as_str) == Some("--tree") {
-        fixtures::large(Path::new(&args[2]), args[3].parse().expect("endpoint count"));
+        fixtures::large(
+            Path::new(&args[2]),
+            args[3].parse().expect("endpoint count"),
+        );
         return;
     }
     let mut rows = Vec::new();
@@ -220,7 +262,9 @@ fn main() {
     for endpoints in [8u32, 512, 8192] {
         let runs = if endpoints > 1000 { 7 } else { RUNS };
         // sysfs lives in memory, so the tree does too (tmpfs) where available
-        let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+        let dir = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
         let tree = dir.path().join("sys");
         fixtures::large(&tree, endpoints);
         check_lspci_reads(&tree);
@@ -228,9 +272,12 @@ fn main() {
         let manifest_file = dir.path().join("manifest");
         fs::write(&manifest_file, checked_manifest(&tree, &list)).unwrap();
         run_once(&tree); // warm the page cache
-        // Interleaved, so a change in machine load hits every side alike.
+                         // Interleaved, so a change in machine load hits every side alike.
         let (mut times, mut floors, mut rss, mut plain_rss) = (Vec::new(), Vec::new(), 0, 0);
-        let mut tool_times: Vec<Option<Vec<Duration>>> = TOOLS.iter().map(|t| (t.run)(dir.path()).map(|_| Vec::new())).collect();
+        let mut tool_times: Vec<Option<Vec<Duration>>> = TOOLS
+            .iter()
+            .map(|t| (t.run)(dir.path()).map(|_| Vec::new()))
+            .collect();
         for _ in 0..runs {
             let ours = run_once(&tree);
             times.push(ours.wall);
@@ -252,7 +299,11 @@ fn main() {
                 Some(v) => {
                     let m = median(v);
                     println!("{endpoints:>5} endpoints: {} {m:?}", tool.name);
-                    cells.push(format!("{:.2} ({:.2}x)", m.as_secs_f64() * 1e3, t.as_secs_f64() / m.as_secs_f64()));
+                    cells.push(format!(
+                        "{:.2} ({:.2}x)",
+                        m.as_secs_f64() * 1e3,
+                        t.as_secs_f64() / m.as_secs_f64()
+                    ));
                 }
                 None => {
                     if !absent.contains(&tool.name) {
@@ -274,7 +325,9 @@ fn main() {
             plain_rss as f64 / 1024.0
         ));
     }
-    let growth = |(a, ta): (u32, Duration), (b, tb): (u32, Duration)| (tb.as_secs_f64() / ta.as_secs_f64()).ln() / (f64::from(b) / f64::from(a)).ln();
+    let growth = |(a, ta): (u32, Duration), (b, tb): (u32, Duration)| {
+        (tb.as_secs_f64() / ta.as_secs_f64()).ln() / (f64::from(b) / f64::from(a)).ln()
+    };
     let missing = if absent.is_empty() {
         String::new()
     } else {

@@ -14,10 +14,10 @@ mod proc_status;
 #[path = "support/report.rs"]
 mod report;
 
-use proc_status::rss_kib;
 use kubelet::{within, Kubelet};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use nodefabric::plugin::uds;
+use proc_status::rss_kib;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};

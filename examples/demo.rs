@@ -39,6 +39,11 @@ fn main() -> std::process::ExitCode {
         "--cdi-dir",
         cdi.to_str().unwrap(),
     ]);
-    println!("\nwrote {}/nodefabric, {}/record.json and the CDI specs in {}", features.display(), state.display(), cdi.display());
+    println!(
+        "\nwrote {}/nodefabric, {}/record.json and the CDI specs in {}",
+        features.display(),
+        state.display(),
+        cdi.display()
+    );
     code
 }

@@ -25,9 +25,19 @@ async fn main() -> anyhow::Result<()> {
                 let first: Vec<String> = record
                     .gpus
                     .iter()
-                    .filter_map(|g| g.rails.iter().next().map(|(rail, c)| format!("{} {rail}={}", g.pci_bus_id, c.nics.join(","))))
+                    .filter_map(|g| {
+                        g.rails.iter().next().map(|(rail, c)| {
+                            format!("{} {rail}={}", g.pci_bus_id, c.nics.join(","))
+                        })
+                    })
                     .collect();
-                println!("{}: {} GPUs, {} NICs; {}", r.name_any(), record.gpus.len(), record.nics.len(), first.join("; "));
+                println!(
+                    "{}: {} GPUs, {} NICs; {}",
+                    r.name_any(),
+                    record.gpus.len(),
+                    record.nics.len(),
+                    first.join("; ")
+                );
             }
             Event::Delete(r) => println!("{}: deleted", r.name_any()),
             Event::Init | Event::InitDone => {}

@@ -74,11 +74,13 @@ pub fn pack(recorded: &Recorded, answers: &crate::fabric::answers::Answers) -> R
             Entry::Link(target) => {
                 let mut h = header(tar::EntryType::Symlink, 0o777, 0);
                 let target = stored_target(path, target, recorded);
-                tar.append_link(&mut h, &name, &target).with_context(|| format!("archiving link {path}"))?;
+                tar.append_link(&mut h, &name, &target)
+                    .with_context(|| format!("archiving link {path}"))?;
             }
             Entry::File(bytes) => {
                 let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);
-                tar.append_data(&mut h, &name, bytes.as_slice()).with_context(|| format!("archiving {path}"))?;
+                tar.append_data(&mut h, &name, bytes.as_slice())
+                    .with_context(|| format!("archiving {path}"))?;
             }
             Entry::Placeholder => {
                 let mut h = header(tar::EntryType::Regular, 0o444, 0);

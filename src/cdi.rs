@@ -148,7 +148,9 @@ pub fn endpoints(record: &NodeRecord, family: Family) -> Vec<Endpoint<'_>> {
         let partitioned = iface.physical_function && iface.virtual_functions_configured > 0;
         match (family, partitioned) {
             (Family::Whole, false) => out.push((iface, None)),
-            (Family::Partitioned, true) => out.extend(iface.virtual_functions.iter().map(|vf| (vf, Some(iface)))),
+            (Family::Partitioned, true) => {
+                out.extend(iface.virtual_functions.iter().map(|vf| (vf, Some(iface))))
+            }
             _ => {}
         }
     }
@@ -157,14 +159,20 @@ pub fn endpoints(record: &NodeRecord, family: Family) -> Vec<Endpoint<'_>> {
 }
 
 fn device(ep: &Interface, parent: Option<&Interface>) -> Result<Device, String> {
-    let ibdev = ep.rdma_device.as_deref().expect("endpoints() keeps bound ones");
+    let ibdev = ep
+        .rdma_device
+        .as_deref()
+        .expect("endpoints() keeps bound ones");
     if !crate::names::is_cdi_device_name(ibdev) {
-        return Err(format!("RDMA device name {ibdev:?} is not a valid CDI device name"));
+        return Err(format!(
+            "RDMA device name {ibdev:?} is not a valid CDI device name"
+        ));
     }
-    let verbs = ep
-        .verbs
-        .as_ref()
-        .ok_or_else(|| ep.verbs_error.clone().unwrap_or_else(|| format!("no verbs device for {ibdev}")))?;
+    let verbs = ep.verbs.as_ref().ok_or_else(|| {
+        ep.verbs_error
+            .clone()
+            .unwrap_or_else(|| format!("no verbs device for {ibdev}"))
+    })?;
     let key = |k: &str| format!("{ANNOTATION_PREFIX}/{k}");
     let mut annotations = BTreeMap::new();
     annotations.insert(key("rdma-device"), ibdev.to_string());
@@ -207,10 +215,19 @@ pub fn spec(record: &NodeRecord, family: Family) -> Result<Option<Spec>, CdiErro
             Err(why) => reasons.push(why),
         }
     }
-    devices.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.annotations.get(&interface_key()).cmp(&b.annotations.get(&interface_key()))));
+    devices.sort_by(|a, b| {
+        a.name.cmp(&b.name).then_with(|| {
+            a.annotations
+                .get(&interface_key())
+                .cmp(&b.annotations.get(&interface_key()))
+        })
+    });
     let devices = merge_shared_rdma_devices(devices, &mut reasons);
     if !reasons.is_empty() {
-        return Err(CdiError { kind: family.kind(), reasons });
+        return Err(CdiError {
+            kind: family.kind(),
+            reasons,
+        });
     }
     let container_edits = ContainerEdits {
         env: vec![],
@@ -243,7 +260,10 @@ fn merge_shared_rdma_devices(devices: Vec<Device>, reasons: &mut Vec<String>) ->
         match out.last_mut() {
             Some(prev) if prev.name == d.name => {
                 if prev.container_edits != d.container_edits {
-                    reasons.push(format!("RDMA device {} is bound to endpoints that inject different device nodes", d.name));
+                    reasons.push(format!(
+                        "RDMA device {} is bound to endpoints that inject different device nodes",
+                        d.name
+                    ));
                     continue;
                 }
                 let key = interface_key();

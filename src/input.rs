@@ -75,7 +75,10 @@ pub enum InputError {
 /// not being `what`), UTF-8, a regular file or, as `pipes` allows, a pipe.
 pub fn read_text(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<String, InputError> {
     let bytes = read_bytes(path, max, what, pipes)?;
-    String::from_utf8(bytes).map_err(|e| InputError::NotText { path: path.to_path_buf(), at: e.utf8_error().valid_up_to() })
+    String::from_utf8(bytes).map_err(|e| InputError::NotText {
+        path: path.to_path_buf(),
+        at: e.utf8_error().valid_up_to(),
+    })
 }
 
 /// Reads the bytes at `path` whole, as [`read_text`] does, without asking
@@ -88,19 +91,38 @@ pub fn read_bytes(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<Vec
 /// refused, and gives the metadata of the file that was read (of the open
 /// file, so of the very version read), for a caller that remembers which
 /// version it took.
-pub fn read_file(path: &Path, max: u64, what: &str) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
+pub fn read_file(
+    path: &Path,
+    max: u64,
+    what: &str,
+) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
     read_opened(path, max, what, Pipes::Refuse)
 }
 
 /// [`read_bytes`] and [`read_file`]: the bytes and the open file's metadata.
-fn read_opened(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
-    let io = |cause| InputError::Io { path: path.to_path_buf(), cause };
-    let too_large = || InputError::TooLarge { path: path.to_path_buf(), max, what: what.to_string() };
+fn read_opened(
+    path: &Path,
+    max: u64,
+    what: &str,
+    pipes: Pipes,
+) -> Result<(Vec<u8>, std::fs::Metadata), InputError> {
+    let io = |cause| InputError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let too_large = || InputError::TooLarge {
+        path: path.to_path_buf(),
+        max,
+        what: what.to_string(),
+    };
     // The type first, so that a device (a link planted to a watchdog, say)
     // is refused unopened: opening some devices acts on them.
     let planned = std::fs::metadata(path).map_err(io)?.file_type();
     if !(planned.is_file() || (planned.is_fifo() && pipes != Pipes::Refuse)) {
-        return Err(InputError::NotAFile { path: path.to_path_buf(), kind: kind_of(planned) });
+        return Err(InputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind_of(planned),
+        });
     }
     // Non-blocking, so that opening a FIFO does not wait for a writer. The
     // type is asked again of what was opened, which cannot change under us.
@@ -116,7 +138,12 @@ fn read_opened(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<(Vec<u
         (true, _, _) if meta.len() > max => return Err(too_large()),
         (true, _, _) => read_capped(file, max, meta.len()).map_err(io)?,
         (false, true, Pipes::Wait(wait)) => read_pipe(file, max, wait, path)?,
-        _ => return Err(InputError::NotAFile { path: path.to_path_buf(), kind: kind_of(ft) }),
+        _ => {
+            return Err(InputError::NotAFile {
+                path: path.to_path_buf(),
+                kind: kind_of(ft),
+            })
+        }
     };
     // A file may grow between the fstat and the read.
     if bytes.len() as u64 > max {
@@ -129,16 +156,25 @@ fn read_opened(path: &Path, max: u64, what: &str, pipes: Pipes) -> Result<(Vec<u
 /// that growth past the cap shows.
 fn read_capped(file: std::fs::File, max: u64, size: u64) -> std::io::Result<Vec<u8>> {
     // Room for what fstat said, and the byte that tells the end.
-    let mut bytes = Vec::with_capacity(usize::try_from(size.min(max).saturating_add(1)).unwrap_or(0));
+    let mut bytes =
+        Vec::with_capacity(usize::try_from(size.min(max).saturating_add(1)).unwrap_or(0));
     file.take(max + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 
 /// Reads a pipe (opened non-blocking) as it is written, to one byte past
 /// `max`, until its writer closes it; past `wait` it is [`InputError::Stalled`].
-fn read_pipe(mut file: std::fs::File, max: u64, wait: Duration, path: &Path) -> Result<Vec<u8>, InputError> {
+fn read_pipe(
+    mut file: std::fs::File,
+    max: u64,
+    wait: Duration,
+    path: &Path,
+) -> Result<Vec<u8>, InputError> {
     use std::os::fd::AsRawFd;
-    let io = |cause| InputError::Io { path: path.to_path_buf(), cause };
+    let io = |cause| InputError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
     let deadline = Instant::now() + wait;
     let mut bytes = Vec::new();
     let mut chunk = [0u8; 64 * 1024];
@@ -157,14 +193,23 @@ fn read_pipe(mut file: std::fs::File, max: u64, wait: Duration, path: &Path) -> 
                 }
                 continue;
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(io(e)),
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(InputError::Stalled { path: path.to_path_buf(), wait });
+            return Err(InputError::Stalled {
+                path: path.to_path_buf(),
+                wait,
+            });
         }
-        let mut fd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut fd = libc::pollfd {
+            fd: file.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
         // SAFETY: one valid pollfd, its count, and a timeout in milliseconds.
         let ready = unsafe { libc::poll(&mut fd, 1, ms) };
@@ -201,7 +246,12 @@ pub(crate) fn kind_of(ft: std::fs::FileType) -> &'static str {
 pub(crate) fn make_fifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
 }
 
 #[cfg(test)]
@@ -220,17 +270,37 @@ mod tests {
         let f = dir.path().join("values.yaml");
         std::fs::write(&f, "a: 1\n").unwrap();
         assert_eq!(read_text(&f, 5, "x", Pipes::Refuse).unwrap(), "a: 1\n");
-        let err = read_text(&f, 4, "a values file", Pipes::Refuse).unwrap_err().to_string();
-        assert!(err.contains("values.yaml") && err.contains("larger than 4 bytes, not a values file"), "{err}");
+        let err = read_text(&f, 4, "a values file", Pipes::Refuse)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("values.yaml") && err.contains("larger than 4 bytes, not a values file"),
+            "{err}"
+        );
         std::fs::write(&f, b"ok\xff").unwrap();
-        assert!(matches!(read_text(&f, 10, "x", Pipes::Refuse), Err(InputError::NotText { at: 2, .. })));
-        assert!(matches!(read_text(dir.path(), 10, "x", Pipes::Refuse), Err(InputError::NotAFile { kind: "folder", .. })));
-        assert!(matches!(read_text(&dir.path().join("none"), 10, "x", Pipes::Refuse), Err(InputError::Io { .. })));
+        assert!(matches!(
+            read_text(&f, 10, "x", Pipes::Refuse),
+            Err(InputError::NotText { at: 2, .. })
+        ));
+        assert!(matches!(
+            read_text(dir.path(), 10, "x", Pipes::Refuse),
+            Err(InputError::NotAFile { kind: "folder", .. })
+        ));
+        assert!(matches!(
+            read_text(&dir.path().join("none"), 10, "x", Pipes::Refuse),
+            Err(InputError::Io { .. })
+        ));
         // A link to a device is refused by its type, never opened.
         let dev = dir.path().join("record.json");
         std::os::unix::fs::symlink("/dev/null", &dev).unwrap();
         for pipes in [Pipes::Refuse, Pipes::Wait(Duration::from_secs(1))] {
-            assert!(matches!(read_text(&dev, 10, "x", pipes), Err(InputError::NotAFile { kind: "character device", .. })));
+            assert!(matches!(
+                read_text(&dev, 10, "x", pipes),
+                Err(InputError::NotAFile {
+                    kind: "character device",
+                    ..
+                })
+            ));
         }
     }
 
@@ -238,7 +308,10 @@ mod tests {
     fn a_fifo_nobody_writes_to_is_refused_or_given_up_on_without_hanging() {
         let dir = tempfile::tempdir().unwrap();
         let path = fifo(dir.path());
-        assert!(matches!(read_text(&path, 10, "x", Pipes::Refuse), Err(InputError::NotAFile { kind: "FIFO", .. })));
+        assert!(matches!(
+            read_text(&path, 10, "x", Pipes::Refuse),
+            Err(InputError::NotAFile { kind: "FIFO", .. })
+        ));
         let start = Instant::now();
         let err = read_text(&path, 10, "x", Pipes::Wait(Duration::from_millis(300))).unwrap_err();
         assert!(matches!(err, InputError::Stalled { .. }), "{err}");
@@ -259,7 +332,10 @@ mod tests {
                 std::io::Write::write_all(&mut w, b"second").unwrap();
             })
         };
-        assert_eq!(read_text(&path, 100, "x", Pipes::Wait(Duration::from_secs(10))).unwrap(), "first second");
+        assert_eq!(
+            read_text(&path, 100, "x", Pipes::Wait(Duration::from_secs(10))).unwrap(),
+            "first second"
+        );
         writer.join().unwrap();
     }
 
@@ -275,8 +351,17 @@ mod tests {
                 while std::io::Write::write_all(&mut w, &[b'x'; 4096]).is_ok() {}
             })
         };
-        let err = read_text(&path, 10_000, "a values file", Pipes::Wait(Duration::from_secs(10))).unwrap_err();
-        assert!(matches!(err, InputError::TooLarge { max: 10_000, .. }), "{err}");
+        let err = read_text(
+            &path,
+            10_000,
+            "a values file",
+            Pipes::Wait(Duration::from_secs(10)),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, InputError::TooLarge { max: 10_000, .. }),
+            "{err}"
+        );
         writer.join().unwrap();
     }
 }

@@ -82,19 +82,31 @@ pub fn usable(iface: &Interface) -> bool {
 /// Reduces the record to the `rdma.*` labels.
 pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
     let mut set = LabelSet::default();
-    let usable_eps: Vec<(&Interface, Option<&Interface>)> = record.endpoints().into_iter().filter(|(ep, _)| usable(ep)).collect();
+    let usable_eps: Vec<(&Interface, Option<&Interface>)> = record
+        .endpoints()
+        .into_iter()
+        .filter(|(ep, _)| usable(ep))
+        .collect();
     if usable_eps.is_empty() {
-        set.withheld.push("rdma.capable: no usable RDMA endpoint (every endpoint Failed, or none bound)".into());
-        set.withheld.push("rdma.distance: no usable RDMA endpoint to measure from".into());
-        set.withheld.push("rdma.numa: no usable RDMA endpoint".into());
+        set.withheld.push(
+            "rdma.capable: no usable RDMA endpoint (every endpoint Failed, or none bound)".into(),
+        );
+        set.withheld
+            .push("rdma.distance: no usable RDMA endpoint to measure from".into());
+        set.withheld
+            .push("rdma.numa: no usable RDMA endpoint".into());
         return set;
     }
     set.values.insert("rdma.capable".into(), "true".into());
 
     // Each accelerator placed once, each endpoint once below.
-    let accels: Vec<_> = record.accelerators().map(|a| pci::Placed::new(a.coordinates())).collect();
+    let accels: Vec<_> = record
+        .accelerators()
+        .map(|a| pci::Placed::new(a.coordinates()))
+        .collect();
     if accels.is_empty() {
-        set.withheld.push("rdma.distance: the node has no accelerator".into());
+        set.withheld
+            .push("rdma.distance: the node has no accelerator".into());
     } else {
         // One walk over the endpoints, each compared with the accelerators,
         // stopping at the first PIX: bus coordinates give nothing closer
@@ -111,14 +123,23 @@ pub fn rdma_labels(record: &NodeRecord) -> LabelSet {
             }
         }
         let closest = closest.unwrap_or(Distance::Unk);
-        set.values.insert("rdma.distance".into(), closest.to_string());
+        set.values
+            .insert("rdma.distance".into(), closest.to_string());
     }
 
-    let numas: BTreeSet<u32> = usable_eps.iter().filter_map(|(ep, parent)| ep.effective_numa(*parent)).collect();
+    let numas: BTreeSet<u32> = usable_eps
+        .iter()
+        .filter_map(|(ep, parent)| ep.effective_numa(*parent))
+        .collect();
     if numas.is_empty() {
-        set.withheld.push("rdma.numa: the kernel gave no NUMA node for any usable endpoint".into());
+        set.withheld
+            .push("rdma.numa: the kernel gave no NUMA node for any usable endpoint".into());
     } else {
-        let joined = numas.iter().map(u32::to_string).collect::<Vec<_>>().join("_");
+        let joined = numas
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join("_");
         match sanitize_value(&joined) {
             Ok(v) => {
                 set.values.insert("rdma.numa".into(), v);
@@ -144,11 +165,16 @@ pub fn fabric_labels(record: &NodeRecord) -> LabelSet {
     let mut set = LabelSet::default();
     let accs: Vec<_> = record.accelerators().collect();
     if accs.is_empty() {
-        set.withheld.push("fabric.domain: the node has no accelerator".into());
-        set.withheld.push("fabric.members: the node has no accelerator".into());
+        set.withheld
+            .push("fabric.domain: the node has no accelerator".into());
+        set.withheld
+            .push("fabric.members: the node has no accelerator".into());
         return set;
     }
-    let domains: Vec<Option<String>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(domain)).collect();
+    let domains: Vec<Option<String>> = accs
+        .iter()
+        .map(|a| a.topology.fabric.as_ref().and_then(domain))
+        .collect();
     match domains.iter().position(Option::is_none) {
         Some(i) => set.withheld.push(format!(
             "fabric.domain: accelerator {} ({}) reports no domain",
@@ -159,7 +185,10 @@ pub fn fabric_labels(record: &NodeRecord) -> LabelSet {
             let mut distinct: Vec<&str> = domains.iter().flatten().map(String::as_str).collect();
             distinct.sort();
             distinct.dedup();
-            set.withheld.push(format!("fabric.domain: accelerators sit in different domains: {}", distinct.join(", ")));
+            set.withheld.push(format!(
+                "fabric.domain: accelerators sit in different domains: {}",
+                distinct.join(", ")
+            ));
         }
         None => match sanitize_value(domains[0].as_deref().expect("all present")) {
             Ok(v) => {
@@ -168,12 +197,17 @@ pub fn fabric_labels(record: &NodeRecord) -> LabelSet {
             Err(e) => set.withheld.push(format!("fabric.domain: {e}")),
         },
     }
-    let counts: Vec<Option<u32>> = accs.iter().map(|a| a.topology.fabric.as_ref().and_then(|f| f.member_count)).collect();
+    let counts: Vec<Option<u32>> = accs
+        .iter()
+        .map(|a| a.topology.fabric.as_ref().and_then(|f| f.member_count))
+        .collect();
     match counts[0] {
         Some(n) if n > 0 && counts.iter().all(|c| *c == Some(n)) => {
             set.values.insert("fabric.members".into(), n.to_string());
         }
-        _ => set.withheld.push("fabric.members: accelerators do not all report one nonzero member count".into()),
+        _ => set
+            .withheld
+            .push("fabric.members: accelerators do not all report one nonzero member count".into()),
     }
     set
 }

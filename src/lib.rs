@@ -6,7 +6,12 @@
 
 /// What `--version` prints for both binaries: the release and the commit it
 /// was built from, so a bug report names the exact build.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("NODEFABRIC_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NODEFABRIC_COMMIT"),
+    ")"
+);
 
 pub mod capture;
 pub mod cdi;
@@ -22,10 +27,10 @@ pub mod names;
 pub mod nfd;
 pub mod pass;
 pub mod pci;
+pub mod plugin;
 pub mod preflight;
 pub mod publish;
+pub mod rails;
 pub mod record;
 pub mod sysfs;
 pub mod tool;
-pub mod plugin;
-pub mod rails;

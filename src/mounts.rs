@@ -35,10 +35,19 @@ pub fn deleted(dir: &Path, meta: &std::fs::Metadata) -> bool {
     // Opened (it is there), then refused when listed: a dead folder. The
     // listing is asked of the kernel itself, since libc's readdir reports
     // this ENOENT as the end of an empty folder.
-    let Ok(folder) = std::fs::File::open(dir) else { return false };
+    let Ok(folder) = std::fs::File::open(dir) else {
+        return false;
+    };
     let mut space = [0u8; 1024];
     // SAFETY: an open folder's descriptor and a writable buffer of the length given.
-    let n = unsafe { libc::syscall(libc::SYS_getdents64, std::os::fd::AsRawFd::as_raw_fd(&folder), space.as_mut_ptr(), space.len()) };
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            std::os::fd::AsRawFd::as_raw_fd(&folder),
+            space.as_mut_ptr(),
+            space.len(),
+        )
+    };
     n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT)
 }
 
@@ -58,7 +67,10 @@ pub fn stale_reason(what: &str, dir: &Path) -> String {
 #[cfg(test)]
 pub(crate) fn held(dir: &Path) -> (std::fs::File, std::path::PathBuf) {
     let file = std::fs::File::open(dir).unwrap();
-    let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)));
+    let through = std::path::PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    ));
     (file, through)
 }
 
@@ -79,7 +91,10 @@ mod tests {
         assert!(!deleted_in_place(&dir), "missing mends itself");
         std::fs::create_dir(&dir).unwrap();
         assert!(!deleted_in_place(&dir), "made again at its path");
-        assert!(deleted_in_place(&through), "what is held is still the deleted one");
+        assert!(
+            deleted_in_place(&through),
+            "what is held is still the deleted one"
+        );
         let file = tmp.path().join("file");
         std::fs::write(&file, "x").unwrap();
         assert!(!deleted_in_place(&file), "not a folder");

@@ -31,7 +31,11 @@ pub fn label_lines(labels: &LabelSet, namespace: &str) -> String {
 pub struct TooLarge(pub usize);
 
 /// The whole file, refused when NFD would ignore it for its size.
-pub fn render_checked(labels: &LabelSet, namespace: &str, expiry: Option<SystemTime>) -> Result<String, TooLarge> {
+pub fn render_checked(
+    labels: &LabelSet,
+    namespace: &str,
+    expiry: Option<SystemTime>,
+) -> Result<String, TooLarge> {
     let text = render(labels, namespace, expiry);
     if text.len() > MAX_FEATURE_FILE {
         return Err(TooLarge(text.len()));
@@ -73,8 +77,15 @@ fn parse_existing(text: &str) -> (Option<SystemTime>, String) {
 /// when it lies further ahead than a whole lifetime: the wall clock stepped
 /// back, and without a rewrite the labels would outlive a dead publisher by
 /// the size of that step.
-pub fn needs_rewrite(existing: Option<&str>, new: &str, now: SystemTime, ttl: Option<Duration>) -> bool {
-    let Some(existing) = existing else { return true };
+pub fn needs_rewrite(
+    existing: Option<&str>,
+    new: &str,
+    now: SystemTime,
+    ttl: Option<Duration>,
+) -> bool {
+    let Some(existing) = existing else {
+        return true;
+    };
     let (old_expiry, old_body) = parse_existing(existing);
     let (_, new_body) = parse_existing(new);
     if old_body != new_body {
@@ -83,7 +94,9 @@ pub fn needs_rewrite(existing: Option<&str>, new: &str, now: SystemTime, ttl: Op
     match (old_expiry, ttl) {
         (None, None) => false,
         (Some(_), None) | (None, Some(_)) => true,
-        (Some(old), Some(ttl)) => old.duration_since(now).map_or(true, |left| left < ttl / 2 || left > ttl),
+        (Some(old), Some(ttl)) => old
+            .duration_since(now)
+            .map_or(true, |left| left < ttl / 2 || left > ttl),
     }
 }
 
@@ -93,7 +106,10 @@ mod tests {
 
     fn set(pairs: &[(&str, &str)]) -> LabelSet {
         LabelSet {
-            values: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            values: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             withheld: vec![],
         }
     }
@@ -117,17 +133,42 @@ mod tests {
         let old = render(&l, "ns", Some(now + ttl));
         // a pass 30 s later: same labels, plenty of time left → no rewrite
         let later = now + Duration::from_secs(30);
-        assert!(!needs_rewrite(Some(&old), &render(&l, "ns", Some(later + ttl)), later, Some(ttl)));
+        assert!(!needs_rewrite(
+            Some(&old),
+            &render(&l, "ns", Some(later + ttl)),
+            later,
+            Some(ttl)
+        ));
         // 100 s later: under half the lifetime left → renew
         let late = now + Duration::from_secs(100);
-        assert!(needs_rewrite(Some(&old), &render(&l, "ns", Some(late + ttl)), late, Some(ttl)));
+        assert!(needs_rewrite(
+            Some(&old),
+            &render(&l, "ns", Some(late + ttl)),
+            late,
+            Some(ttl)
+        ));
         // a label change always rewrites
         let l2 = set(&[]);
-        assert!(needs_rewrite(Some(&old), &render(&l2, "ns", Some(later + ttl)), later, Some(ttl)));
+        assert!(needs_rewrite(
+            Some(&old),
+            &render(&l2, "ns", Some(later + ttl)),
+            later,
+            Some(ttl)
+        ));
         // the clock stepped back an hour: the old expiry is too far ahead
         let earlier = now - Duration::from_secs(3600);
-        assert!(needs_rewrite(Some(&old), &render(&l, "ns", Some(earlier + ttl)), earlier, Some(ttl)));
+        assert!(needs_rewrite(
+            Some(&old),
+            &render(&l, "ns", Some(earlier + ttl)),
+            earlier,
+            Some(ttl)
+        ));
         // no expiry either side, same labels → nothing to do
-        assert!(!needs_rewrite(Some(&render(&l, "ns", None)), &render(&l, "ns", None), now, None));
+        assert!(!needs_rewrite(
+            Some(&render(&l, "ns", None)),
+            &render(&l, "ns", None),
+            now,
+            None
+        ));
     }
 }

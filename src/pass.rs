@@ -35,12 +35,22 @@ pub fn now() -> anyhow::Result<SystemTime> {
 /// the record in `state_dir`, reads the scale-up fabric (unless `fabric` is
 /// `None`: a command whose output does not use it neither asks the vendor
 /// tools nor warns about their answers), and reduces it all to labels.
-pub fn run(sysfs_root: &Path, state_dir: Option<&Path>, now: SystemTime, fabric: Option<&fabric::Sources>) -> Result<Pass, DiscoverError> {
+pub fn run(
+    sysfs_root: &Path,
+    state_dir: Option<&Path>,
+    now: SystemTime,
+    fabric: Option<&fabric::Sources>,
+) -> Result<Pass, DiscoverError> {
     run_on(&SysRoot::new(sysfs_root)?, state_dir, now, fabric)
 }
 
 /// [`run`] on an opened tree (a recording one, for `capture`).
-pub fn run_on(root: &SysRoot, state_dir: Option<&Path>, now: SystemTime, fabric: Option<&fabric::Sources>) -> Result<Pass, DiscoverError> {
+pub fn run_on(
+    root: &SysRoot,
+    state_dir: Option<&Path>,
+    now: SystemTime,
+    fabric: Option<&fabric::Sources>,
+) -> Result<Pass, DiscoverError> {
     let previous = publish::load_previous(state_dir);
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
     let mut record = discover::discover(root, previous.as_ref(), &stamp)?;

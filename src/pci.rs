@@ -68,7 +68,19 @@ pub fn upstream_bridges(canonical: &str) -> Option<Vec<String>> {
 
 /// The bus distance vocabulary, smaller is closer. The order of the variants
 /// is the order of closeness, so `min()` picks the closest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Distance {
     /// The same device (never produced from bus coordinates).
@@ -151,7 +163,10 @@ impl<'a> Placed<'a> {
     /// Places a device by its coordinates.
     pub fn new(c: Coordinates<'a>) -> Self {
         Placed {
-            card: c.address.and_then(parse).map(|(dom, bus, dev, _)| (dom, bus, dev)),
+            card: c
+                .address
+                .and_then(parse)
+                .map(|(dom, bus, dev, _)| (dom, bus, dev)),
             bridges: c.bridges,
             numa: c.numa,
         }
@@ -210,7 +225,10 @@ mod tests {
 
     #[test]
     fn normalises_nvidia_smi_addresses() {
-        assert_eq!(normalize("00000000:1B:00.0").as_deref(), Some("0000:1b:00.0"));
+        assert_eq!(
+            normalize("00000000:1B:00.0").as_deref(),
+            Some("0000:1b:00.0")
+        );
         assert_eq!(normalize("0000:af:00.1").as_deref(), Some("0000:af:00.1"));
         assert_eq!(normalize("1B:00.0"), None);
         assert_eq!(normalize("0000:1b:00.9"), None);
@@ -224,7 +242,10 @@ mod tests {
             upstream_bridges(p).unwrap(),
             v(&["0000:02:08.0", "0000:01:00.0", "0000:00:01.0"])
         );
-        assert_eq!(upstream_bridges("devices/pci0000:00/0000:00:1f.6").unwrap(), v(&[]));
+        assert_eq!(
+            upstream_bridges("devices/pci0000:00/0000:00:1f.6").unwrap(),
+            v(&[])
+        );
         assert_eq!(upstream_bridges("devices/virtual/net/lo"), None);
         // a PCI device's sub-folder (net/eth0) stops the walk
         let q = "devices/pci0000:00/0000:00:01.0/0000:03:00.0/net/eth0";
@@ -235,22 +256,57 @@ mod tests {
     fn distance_levels() {
         let sw1 = v(&["0000:02:00.0", "0000:01:00.0", "0000:00:01.0"]);
         let sw1b = v(&["0000:02:01.0", "0000:01:00.0", "0000:00:01.0"]);
-        let nested = v(&["0000:04:00.0", "0000:03:00.0", "0000:02:02.0", "0000:01:00.0", "0000:00:01.0"]);
+        let nested = v(&[
+            "0000:04:00.0",
+            "0000:03:00.0",
+            "0000:02:02.0",
+            "0000:01:00.0",
+            "0000:00:01.0",
+        ]);
         let other = v(&["0000:80:01.0"]);
         let gpu = c("0000:05:00.0", &sw1, Some(0));
-        assert_eq!(distance(gpu, c("0000:06:00.0", &sw1b, Some(0))), Distance::Pix);
-        assert_eq!(distance(gpu, c("0000:05:00.1", &sw1, Some(0))), Distance::Pix);
-        assert_eq!(distance(gpu, c("0000:07:00.0", &nested, Some(0))), Distance::Pxb);
-        assert_eq!(distance(gpu, c("0000:81:00.0", &other, Some(0))), Distance::Node);
-        assert_eq!(distance(gpu, c("0000:81:00.0", &other, Some(1))), Distance::Sys);
-        assert_eq!(distance(gpu, c("0000:81:00.0", &other, None)), Distance::Unk);
-        let no_pci = Coordinates { address: None, bridges: None, numa: Some(0) };
+        assert_eq!(
+            distance(gpu, c("0000:06:00.0", &sw1b, Some(0))),
+            Distance::Pix
+        );
+        assert_eq!(
+            distance(gpu, c("0000:05:00.1", &sw1, Some(0))),
+            Distance::Pix
+        );
+        assert_eq!(
+            distance(gpu, c("0000:07:00.0", &nested, Some(0))),
+            Distance::Pxb
+        );
+        assert_eq!(
+            distance(gpu, c("0000:81:00.0", &other, Some(0))),
+            Distance::Node
+        );
+        assert_eq!(
+            distance(gpu, c("0000:81:00.0", &other, Some(1))),
+            Distance::Sys
+        );
+        assert_eq!(
+            distance(gpu, c("0000:81:00.0", &other, None)),
+            Distance::Unk
+        );
+        let no_pci = Coordinates {
+            address: None,
+            bridges: None,
+            numa: Some(0),
+        };
         assert_eq!(distance(gpu, no_pci), Distance::Unk);
     }
 
     #[test]
     fn distance_order_is_closeness() {
-        assert!(Distance::Pix < Distance::Pxb && Distance::Node < Distance::Sys && Distance::Sys < Distance::Unk);
-        assert_eq!(serde_json::to_string(&Distance::SelfDevice).unwrap(), "\"SELF\"");
+        assert!(
+            Distance::Pix < Distance::Pxb
+                && Distance::Node < Distance::Sys
+                && Distance::Sys < Distance::Unk
+        );
+        assert_eq!(
+            serde_json::to_string(&Distance::SelfDevice).unwrap(),
+            "\"SELF\""
+        );
     }
 }

@@ -46,8 +46,13 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
                 ep.rdma_device.clone().unwrap_or_else(dash),
                 ep.pci_bus_id.clone().unwrap_or_else(dash),
                 numa.map_or_else(dash, |n| n.to_string()),
-                ep.link.as_ref().map_or_else(|| "none".to_string(), |l| l.state.as_str().to_string()),
-                ep.link.as_ref().and_then(|l| l.reason.clone()).unwrap_or_else(dash),
+                ep.link
+                    .as_ref()
+                    .map_or_else(|| "none".to_string(), |l| l.state.as_str().to_string()),
+                ep.link
+                    .as_ref()
+                    .and_then(|l| l.reason.clone())
+                    .unwrap_or_else(dash),
             ]
         })
         .collect();
@@ -55,7 +60,18 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
     if rows.is_empty() {
         out.push_str("No RDMA endpoint found.\n");
     } else {
-        out.push_str(&table(&["INTERFACE", "PF", "RDMA", "PCI", "NUMA", "VERDICT", "REASON"], &rows));
+        out.push_str(&table(
+            &[
+                "INTERFACE",
+                "PF",
+                "RDMA",
+                "PCI",
+                "NUMA",
+                "VERDICT",
+                "REASON",
+            ],
+            &rows,
+        ));
     }
     let unreadable = unreadable_lines(pass);
     if !unreadable.is_empty() {
@@ -76,16 +92,24 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
                 f.map_or_else(dash, |f| f.kind.clone()),
                 f.and_then(|f| f.id.clone()).unwrap_or_else(dash),
                 f.and_then(|f| f.clique_id.clone()).unwrap_or_else(dash),
-                f.and_then(|f| f.member_count).map_or_else(dash, |n| n.to_string()),
+                f.and_then(|f| f.member_count)
+                    .map_or_else(dash, |n| n.to_string()),
                 a.fabric_note.clone().unwrap_or_else(dash),
             ]
         })
         .collect();
     out.push_str(&format!("\nAccelerators: {}\n", accels.len()));
     if !accels.is_empty() {
-        out.push_str(&table(&["MAKER", "PCI", "NUMA", "FABRIC", "DOMAIN", "CLIQUE", "MEMBERS", "NOTE"], &accels));
+        out.push_str(&table(
+            &[
+                "MAKER", "PCI", "NUMA", "FABRIC", "DOMAIN", "CLIQUE", "MEMBERS", "NOTE",
+            ],
+            &accels,
+        ));
     }
-    out.push_str(&format!("\nLabels that would be published ({namespace}):\n"));
+    out.push_str(&format!(
+        "\nLabels that would be published ({namespace}):\n"
+    ));
     let lines = nfd::label_lines(&pass.labels, namespace);
     if lines.is_empty() {
         out.push_str("  (none)\n");
@@ -107,11 +131,23 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
 fn unreadable_lines(pass: &Pass) -> Vec<String> {
     let mut out = Vec::new();
     for (ep, _) in pass.record.endpoints() {
-        let who = ep.name.clone().or_else(|| ep.pci_bus_id.clone()).unwrap_or_else(|| "?".into());
-        out.extend(ep.unreadable.iter().map(|u| format!("{who}: {}", u.describe())));
+        let who = ep
+            .name
+            .clone()
+            .or_else(|| ep.pci_bus_id.clone())
+            .unwrap_or_else(|| "?".into());
+        out.extend(
+            ep.unreadable
+                .iter()
+                .map(|u| format!("{who}: {}", u.describe())),
+        );
     }
     for a in pass.record.accelerators() {
-        out.extend(a.unreadable.iter().map(|u| format!("{} {}: {}", a.manufacturer, a.pci_bus_id, u.describe())));
+        out.extend(
+            a.unreadable
+                .iter()
+                .map(|u| format!("{} {}: {}", a.manufacturer, a.pci_bus_id, u.describe())),
+        );
     }
     out
 }

@@ -56,7 +56,12 @@ pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
         tempfile::Builder::new()
             .prefix(".nodefabric-check.")
             .tempfile_in(dir)
-            .with_context(|| format!("{} does not take new files; nothing published", dir.display()))?;
+            .with_context(|| {
+                format!(
+                    "{} does not take new files; nothing published",
+                    dir.display()
+                )
+            })?;
     }
     Ok(())
 }
@@ -65,7 +70,9 @@ pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
 /// nothing until this process restarts: it was deleted on the host while
 /// mounted here (see [`crate::mounts`]).
 pub fn stale_folder(dirs: &[(&str, &Path)]) -> Option<String> {
-    dirs.iter().find(|(_, d)| crate::mounts::deleted_in_place(d)).map(|(what, d)| crate::mounts::stale_reason(what, d))
+    dirs.iter()
+        .find(|(_, d)| crate::mounts::deleted_in_place(d))
+        .map(|(what, d)| crate::mounts::stale_reason(what, d))
 }
 
 /// The largest file of our own (a record, a spec, the feature file) read
@@ -79,9 +86,18 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
     let path = state_dir?.join(STATE_RECORD);
     // Bounded, and never a FIFO: something planted there must not stall
     // every later pass.
-    let text = match crate::input::read_text(&path, MAX_OWN_FILE, "a node record", crate::input::Pipes::Refuse) {
+    let text = match crate::input::read_text(
+        &path,
+        MAX_OWN_FILE,
+        "a node record",
+        crate::input::Pipes::Refuse,
+    ) {
         Ok(t) => t,
-        Err(crate::input::InputError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(crate::input::InputError::Io { cause, .. })
+            if cause.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return None
+        }
         Err(e) => {
             // The error names the path.
             warn!("ignoring the previous record: {e}");
@@ -102,7 +118,12 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
 pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
     // What cannot be read as a file (a FIFO, a folder, something huge) is
     // simply replaced.
-    let old = crate::input::read_bytes(&dir.join(name), MAX_OWN_FILE, "a file of ours", crate::input::Pipes::Refuse);
+    let old = crate::input::read_bytes(
+        &dir.join(name),
+        MAX_OWN_FILE,
+        "a file of ours",
+        crate::input::Pipes::Refuse,
+    );
     if old.is_ok_and(|old| old == bytes) {
         return Ok(false);
     }
@@ -128,7 +149,9 @@ pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
             Ok(None) => match fs::remove_file(dir.join(name)) {
                 Ok(()) => info!("removed {}: no endpoints left", dir.join(name).display()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("removing {}", dir.join(name).display())),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("removing {}", dir.join(name).display()))
+                }
             },
             // Reported once, by the pass's error; the previous file stays.
             Err(e) => failed.push(format!("{} kept: {e}", dir.join(name).display())),

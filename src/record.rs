@@ -126,9 +126,15 @@ impl UnreadableFact {
     /// The sentence preflight prints for it.
     pub fn describe(&self) -> String {
         if self.kept {
-            format!("{}: kept from the previous pass: {}", self.fact, self.reason)
+            format!(
+                "{}: kept from the previous pass: {}",
+                self.fact, self.reason
+            )
         } else {
-            format!("{}: unknown (no previous pass to keep it from): {}", self.fact, self.reason)
+            format!(
+                "{}: unknown (no previous pass to keep it from): {}",
+                self.fact, self.reason
+            )
         }
     }
 }
@@ -137,7 +143,13 @@ impl Interface {
     /// The NUMA node to use for this endpoint: its own, or for a VF with a
     /// blank reading its parent PF's. Never a made-up 0.
     pub fn effective_numa(&self, parent: Option<&Interface>) -> Option<u32> {
-        self.numa.or_else(|| if self.parent.is_some() { parent.and_then(|p| p.numa) } else { None })
+        self.numa.or_else(|| {
+            if self.parent.is_some() {
+                parent.and_then(|p| p.numa)
+            } else {
+                None
+            }
+        })
     }
 
     /// Where this endpoint sits, for distance questions (NUMA as in
@@ -287,7 +299,11 @@ pub struct Accelerator {
 impl Accelerator {
     /// Where this accelerator sits, for distance questions.
     pub fn coordinates(&self) -> Coordinates<'_> {
-        Coordinates { address: Some(&self.pci_bus_id), bridges: Some(&self.topology.pci_switches), numa: self.numa }
+        Coordinates {
+            address: Some(&self.pci_bus_id),
+            bridges: Some(&self.topology.pci_switches),
+            numa: self.numa,
+        }
     }
 }
 

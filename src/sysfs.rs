@@ -185,9 +185,19 @@ impl SysRoot {
         // table sized for the largest node up front made every pass touch
         // (and the kernel zero) 200 pages it mostly left empty, which cost
         // more than the few growths (each hashes every path again).
-        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(1024, BuildPathHash)));
+        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(
+            1024,
+            BuildPathHash,
+        )));
         let kernfs = handle.as_deref().is_some_and(is_sysfs);
-        Ok(SysRoot { root: canonical, recorder: None, folders, beneath, handle, kernfs })
+        Ok(SysRoot {
+            root: canonical,
+            recorder: None,
+            folders,
+            beneath,
+            handle,
+            kernfs,
+        })
     }
 
     /// The same tree, remembering every entry each read touches, so that
@@ -200,7 +210,10 @@ impl SysRoot {
 
     /// What a recording tree has touched so far (empty when not recording).
     pub fn recorded(&self) -> Recorded {
-        self.recorder.as_ref().map(|r| r.lock().expect("recorder lock").clone()).unwrap_or_default()
+        self.recorder
+            .as_ref()
+            .map(|r| r.lock().expect("recorder lock").clone())
+            .unwrap_or_default()
     }
 
     fn note(&self, path: &Path, entry: Entry) {
@@ -249,15 +262,24 @@ impl SysRoot {
                 _ => {}
             }
             let next = cur.join(&c);
-            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else { return None };
+            let Ok(meta) = fs::symlink_metadata(self.root.join(&next)) else {
+                return None;
+            };
             if meta.file_type().is_symlink() {
-                let Ok(target) = fs::read_link(self.root.join(&next)) else { return None };
+                let Ok(target) = fs::read_link(self.root.join(&next)) else {
+                    return None;
+                };
                 self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
                 hops += 1;
                 if target.is_absolute() || hops > 40 {
                     return None;
                 }
-                pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
+                pending.extend(
+                    target
+                        .components()
+                        .rev()
+                        .map(|c| PathBuf::from(c.as_os_str())),
+                );
             } else {
                 if meta.is_dir() {
                     self.note(&next, Entry::Dir);
@@ -272,7 +294,8 @@ impl SysRoot {
 
     /// `abs` (inside the root, as [`Self::resolve_abs`] returns it) relative to the root.
     fn relative<'a>(&self, abs: &'a Path) -> &'a Path {
-        abs.strip_prefix(&self.root).expect("resolve_abs checked containment")
+        abs.strip_prefix(&self.root)
+            .expect("resolve_abs checked containment")
     }
 
     /// The canonical root directory.
@@ -288,7 +311,12 @@ impl SysRoot {
         let abs = match self.recording_on() {
             false => match self.resolve_hops(rel, 0, false) {
                 Ok(p) => return Ok(p),
-                Err(Some(cause)) => return Err(SysError::Io { path: rel.to_string(), cause }),
+                Err(Some(cause)) => {
+                    return Err(SysError::Io {
+                        path: rel.to_string(),
+                        cause,
+                    })
+                }
                 Err(None) => self.resolve_walk(rel)?,
             },
             true => self.resolve_abs(rel)?,
@@ -318,7 +346,10 @@ impl SysRoot {
             Ok(p) => Ok(self.root.join(p)),
             // The last name is simply not in its (resolved) folder: the
             // kernel has no such attribute. Nothing on the way can dangle.
-            Err(Some(cause)) => Err(SysError::Io { path: rel.to_string(), cause }),
+            Err(Some(cause)) => Err(SysError::Io {
+                path: rel.to_string(),
+                cause,
+            }),
             Err(None) => self.resolve_walk(rel),
         }
     }
@@ -332,7 +363,12 @@ impl SysRoot {
     /// kernel allows. Every canonical path met is remembered for the pass,
     /// and so is a link met as a folder on the way (`parent` true), so what
     /// is asked for again costs nothing; a link asked for once is not kept.
-    fn resolve_hops(&self, rel: &str, hops: u32, parent: bool) -> Result<String, Option<std::io::Error>> {
+    fn resolve_hops(
+        &self,
+        rel: &str,
+        hops: u32,
+        parent: bool,
+    ) -> Result<String, Option<std::io::Error>> {
         let rel_t = rel.trim_start_matches('/');
         let (folder, name) = match split_last(rel_t) {
             Some((p, n)) => (Some(p), n),
@@ -346,7 +382,12 @@ impl SysRoot {
             Known::Under(candidate) => Some(candidate),
             Known::Neither => None,
         };
-        if hops > 40 || name.is_empty() || name == "." || name == ".." || folder.is_some_and(|p| p.is_empty()) {
+        if hops > 40
+            || name.is_empty()
+            || name == "."
+            || name == ".."
+            || folder.is_some_and(|p| p.is_empty())
+        {
             return Err(None);
         }
         let candidate = match (known, folder) {
@@ -368,7 +409,9 @@ impl SysRoot {
         // The text as sysfs writes it: `../` climbs, then plain names. Anything
         // else (absolute, `.`, `..` or an empty name after a name, bytes that
         // are not UTF-8) is the full walk's to resolve.
-        let Ok(text) = std::str::from_utf8(text) else { return Err(None) };
+        let Ok(text) = std::str::from_utf8(text) else {
+            return Err(None);
+        };
         let mut base = &candidate[..candidate.len() - name.len()];
         base = base.strip_suffix('/').unwrap_or(base);
         let mut rest = text;
@@ -391,12 +434,16 @@ impl SysRoot {
             true => match self.known(&target) {
                 Known::Canonical => return Ok(self.answered(rel_t, parent, target)),
                 Known::Resolved(out) => return Ok(self.answered(rel_t, parent, out)),
-                Known::Neither if self.all_plain(base, &target) => return Ok(self.answered(rel_t, parent, target)),
+                Known::Neither if self.all_plain(base, &target) => {
+                    return Ok(self.answered(rel_t, parent, target))
+                }
                 Known::Under(_) | Known::Neither => target,
             },
         };
         // A target that does not resolve is a dangling link: the walk says so.
-        let out = self.resolve_hops(&target, hops + 1, false).map_err(|_| None)?;
+        let out = self
+            .resolve_hops(&target, hops + 1, false)
+            .map_err(|_| None)?;
         Ok(self.answered(rel_t, parent, out))
     }
 
@@ -406,10 +453,18 @@ impl SysRoot {
     fn known(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
-            return if hit.is_empty() { Known::Canonical } else { Known::Resolved(hit.clone()) };
+            return if hit.is_empty() {
+                Known::Canonical
+            } else {
+                Known::Resolved(hit.clone())
+            };
         }
-        match split_last(rel).and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name))) {
-            Some((folder, hit, name)) => Known::Under(join(if hit.is_empty() { folder } else { hit }, name)),
+        match split_last(rel)
+            .and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name)))
+        {
+            Some((folder, hit, name)) => {
+                Known::Under(join(if hit.is_empty() { folder } else { hit }, name))
+            }
             None => Known::Neither,
         }
     }
@@ -422,9 +477,16 @@ impl SysRoot {
     /// False (nothing learnt) where the call is refused for any reason: a
     /// link on the way, a missing name, or a kernel without `openat2`.
     fn all_plain(&self, known: &str, rel: &str) -> bool {
-        let Some(dir) = &self.beneath else { return false };
+        let Some(dir) = &self.beneath else {
+            return false;
+        };
         let checked = with_c_path(rel, |path| {
-            openat2_c(dir, path, libc::O_PATH, libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS)
+            openat2_c(
+                dir,
+                path,
+                libc::O_PATH,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            )
         });
         if checked.is_err() {
             return false;
@@ -458,7 +520,14 @@ impl SysRoot {
             Some(dir) => with_c_path(rel, |path| {
                 // SAFETY: a valid directory fd, a NUL-terminated path and a buffer
                 // of the length passed; the kernel writes at most that many bytes.
-                let n = unsafe { libc::readlinkat(dir.as_raw_fd(), path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+                let n = unsafe {
+                    libc::readlinkat(
+                        dir.as_raw_fd(),
+                        path.as_ptr(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                    )
+                };
                 if n < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -491,8 +560,15 @@ impl SysRoot {
     fn remember(&self, rel: &str, canonical: &str) {
         // A canonical path maps to itself, stored as "" (the root is never
         // a key): one string per entry, not two.
-        let value = if rel == canonical { String::new() } else { canonical.to_string() };
-        self.folders.lock().expect("folder cache lock").insert(rel.to_string(), value);
+        let value = if rel == canonical {
+            String::new()
+        } else {
+            canonical.to_string()
+        };
+        self.folders
+            .lock()
+            .expect("folder cache lock")
+            .insert(rel.to_string(), value);
     }
 
     /// True when the folder holding `rel` is known, from this pass, to be
@@ -503,7 +579,12 @@ impl SysRoot {
     fn in_canonical_folder(&self, rel: &str) -> bool {
         match split_last(rel) {
             None => true,
-            Some((folder, _)) => self.folders.lock().expect("folder cache lock").get(folder).is_some_and(|v| v.is_empty()),
+            Some((folder, _)) => self
+                .folders
+                .lock()
+                .expect("folder cache lock")
+                .get(folder)
+                .is_some_and(|v| v.is_empty()),
         }
     }
 
@@ -513,9 +594,14 @@ impl SysRoot {
         let joined = self.root.join(rel.trim_start_matches('/'));
         let target = fs::canonicalize(&joined).map_err(|cause| {
             if cause.kind() == std::io::ErrorKind::NotFound && self.dangles(&joined) {
-                return SysError::Dangling { path: rel.to_string() };
+                return SysError::Dangling {
+                    path: rel.to_string(),
+                };
             }
-            SysError::Io { path: rel.to_string(), cause }
+            SysError::Io {
+                path: rel.to_string(),
+                cause,
+            }
         })?;
         if !target.starts_with(&self.root) {
             return Err(SysError::Escapes {
@@ -572,12 +658,21 @@ impl SysRoot {
                 // On a live sysfs the walk stays on its mount, so that what
                 // it opens is kernfs's (another mount answers EXDEV, and is
                 // read the long way).
-                let resolve = if self.kernfs { CONFINED | libc::RESOLVE_NO_XDEV } else { CONFINED };
+                let resolve = if self.kernfs {
+                    CONFINED | libc::RESOLVE_NO_XDEV
+                } else {
+                    CONFINED
+                };
                 let open = |flags| with_c_path(rel_t, |path| openat2_c(fd, path, flags, resolve));
                 match open(flags | libc::O_NOFOLLOW) {
                     Ok(f) => Some(f),
                     Err(e) if e.raw_os_error() == Some(libc::ELOOP) => open(flags).ok(),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.in_canonical_folder(rel_t) => return Err(io(e)),
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            && self.in_canonical_folder(rel_t) =>
+                    {
+                        return Err(io(e))
+                    }
                     Err(_) => None,
                 }
             }
@@ -599,14 +694,24 @@ impl SysRoot {
         // a live sysfs, and a folder says so when read; elsewhere the type
         // is asked of the open file, which cannot change under us.
         let trusted = self.kernfs && abs.is_none();
-        let ft = if trusted { None } else { Some(file.metadata().map_err(io)?.file_type()) };
+        let ft = if trusted {
+            None
+        } else {
+            Some(file.metadata().map_err(io)?.file_type())
+        };
         if let Some(ft) = ft.filter(|ft| !ft.is_file()) {
-            return Err(SysError::NotRegular { path: rel.to_string(), kind: crate::input::kind_of(ft) });
+            return Err(SysError::NotRegular {
+                path: rel.to_string(),
+                kind: crate::input::kind_of(ft),
+            });
         }
         let buf = match read_capped(file) {
             Ok(buf) => buf,
             Err(e) if trusted && e.raw_os_error() == Some(libc::EISDIR) => {
-                return Err(SysError::NotRegular { path: rel.to_string(), kind: "folder" });
+                return Err(SysError::NotRegular {
+                    path: rel.to_string(),
+                    kind: "folder",
+                });
             }
             Err(e) => return Err(io(e)),
         };
@@ -620,7 +725,8 @@ impl SysRoot {
             });
         }
         // Valid UTF-8 (every attribute we read) is taken as it is, uncopied.
-        Ok(String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+        Ok(String::from_utf8(buf)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
     /// Reads an attribute and trims the kernel's trailing newline.
@@ -655,7 +761,10 @@ impl SysRoot {
                     return Ok(names);
                 }
                 Err(e) if settled && e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(SysError::Io { path: rel.to_string(), cause: e });
+                    return Err(SysError::Io {
+                        path: rel.to_string(),
+                        cause: e,
+                    });
                 }
                 Err(_) => {}
             }
@@ -697,14 +806,21 @@ impl SysRoot {
     /// not followed): what a link says even when its target is gone.
     pub fn link_text(&self, rel: &str) -> Result<String, SysError> {
         let parent = Path::new(rel).parent().and_then(Path::to_str).unwrap_or("");
-        let dir = if parent.is_empty() { self.root.clone() } else { self.resolve_abs(parent)? };
+        let dir = if parent.is_empty() {
+            self.root.clone()
+        } else {
+            self.resolve_abs(parent)?
+        };
         let name = Path::new(rel).file_name().ok_or_else(|| SysError::Io {
             path: rel.to_string(),
             cause: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
         fs::read_link(dir.join(name))
             .map(|t| t.to_string_lossy().into_owned())
-            .map_err(|cause| SysError::Io { path: rel.to_string(), cause })
+            .map_err(|cause| SysError::Io {
+                path: rel.to_string(),
+                cause,
+            })
     }
 
     /// True when `rel` exists (after resolving links) inside the root.
@@ -712,7 +828,9 @@ impl SysRoot {
         if !self.recording_on() {
             return self.resolve(rel).is_ok();
         }
-        let Ok(abs) = self.resolve_abs(rel) else { return false };
+        let Ok(abs) = self.resolve_abs(rel) else {
+            return false;
+        };
         if self.recording_on() && abs.is_file() {
             self.note(self.relative(&abs), Entry::Placeholder);
         }
@@ -740,7 +858,8 @@ fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
         return Ok(buf);
     }
     // Filled: there may be more. Read one byte past the cap at most.
-    file.take(MAX_ATTR_BYTES + 1 - n as u64).read_to_end(&mut buf)?;
+    file.take(MAX_ATTR_BYTES + 1 - n as u64)
+        .read_to_end(&mut buf)?;
     Ok(buf)
 }
 
@@ -748,9 +867,17 @@ fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
 /// [`openat2_raw`] opens a file (with `flags` added). Read until getdents64
 /// says the end: a short buffer is not the end, since the kernel stops
 /// filling one early when a signal is pending.
-fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<Vec<String>> {
+fn list_beneath(
+    dir: &std::os::fd::OwnedFd,
+    rel: &str,
+    flags: libc::c_int,
+) -> std::io::Result<Vec<String>> {
     use std::os::fd::AsRawFd;
-    let folder = openat2_raw(dir, if rel.is_empty() { "." } else { rel }, libc::O_DIRECTORY | libc::O_NONBLOCK | flags)?;
+    let folder = openat2_raw(
+        dir,
+        if rel.is_empty() { "." } else { rel },
+        libc::O_DIRECTORY | libc::O_NONBLOCK | flags,
+    )?;
     // getdents64(2) straight into a buffer: `opendir` would add an fstat
     // and an fcntl to every listing, a third of its cost here. On the
     // stack and left unwritten: a heap buffer per listing (and zeroing it)
@@ -759,7 +886,14 @@ fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> st
     let mut names = Vec::new();
     loop {
         // SAFETY: an open directory fd and a writable buffer of the length given.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, folder.as_raw_fd(), space.as_mut_ptr(), space.len()) };
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                folder.as_raw_fd(),
+                space.as_mut_ptr(),
+                space.len(),
+            )
+        };
         if n < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -791,7 +925,11 @@ fn list_beneath(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> st
 /// Opens `root` as a directory handle for [`openat2_raw`].
 fn open_dir(root: &Path) -> Option<std::os::fd::OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
-    let dir = fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(root).ok()?;
+    let dir = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)
+        .ok()?;
     Some(dir.into())
 }
 
@@ -803,7 +941,10 @@ fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
 
 /// Calls `f` with `rel` as a NUL-terminated C string, built on the stack
 /// when it fits (every sysfs path does): one heap allocation less per call.
-fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>) -> std::io::Result<T> {
+fn with_c_path<T>(
+    rel: &str,
+    f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
     let bytes = rel.as_bytes();
     // A NUL inside would end the path early: refused, as `CString` would.
@@ -818,18 +959,29 @@ fn with_c_path<T>(rel: &str, f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<
     }
     // SAFETY: `bytes` fits in `buf` with a byte to spare (checked above),
     // and the two do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.as_mut_ptr().cast::<u8>(), bytes.len())
+    };
     buf[bytes.len()].write(0);
     // SAFETY: the first `len + 1` bytes were just written: the path, which
     // holds no NUL (checked above), and its terminating NUL.
-    let path = unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), bytes.len() + 1)) };
+    let path = unsafe {
+        std::ffi::CStr::from_bytes_with_nul_unchecked(std::slice::from_raw_parts(
+            buf.as_ptr().cast::<u8>(),
+            bytes.len() + 1,
+        ))
+    };
     f(path)
 }
 
 /// Opens `rel` beneath `dir` read-only with `flags` added, the kernel
 /// resolving every link and refusing any walk that leaves `dir` (or uses a
 /// `/proc` magic link).
-fn openat2_raw(dir: &std::os::fd::OwnedFd, rel: &str, flags: libc::c_int) -> std::io::Result<fs::File> {
+fn openat2_raw(
+    dir: &std::os::fd::OwnedFd,
+    rel: &str,
+    flags: libc::c_int,
+) -> std::io::Result<fs::File> {
     with_c_path(rel, |path| openat2_c(dir, path, flags, CONFINED))
 }
 
@@ -839,7 +991,12 @@ const CONFINED: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
 
 /// `openat2(2)` of `path` beneath `dir`, read-only with `flags` added,
 /// resolving as `resolve` allows.
-fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_int, resolve: u64) -> std::io::Result<fs::File> {
+fn openat2_c(
+    dir: &std::os::fd::OwnedFd,
+    path: &std::ffi::CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> std::io::Result<fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
     // SAFETY: `open_how` is plain data; zeroed is its valid empty value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -848,7 +1005,13 @@ fn openat2_c(dir: &std::os::fd::OwnedFd, path: &std::ffi::CStr, flags: libc::c_i
     // SAFETY: a valid directory fd, a NUL-terminated path and a pointer to
     // an `open_how` of the size passed; the kernel returns a new fd or -1.
     let fd = unsafe {
-        libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), path.as_ptr(), &how as *const libc::open_how, std::mem::size_of::<libc::open_how>())
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
     };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
@@ -938,9 +1101,20 @@ mod tests {
     fn every_way(dir: &Path) -> Vec<(&'static str, SysRoot)> {
         let full = SysRoot::new(dir).unwrap();
         assert!(full.beneath.is_some(), "openat2 answers on this kernel");
-        let no_openat2 = SysRoot { beneath: None, ..SysRoot::new(dir).unwrap() };
-        let no_handle = SysRoot { beneath: None, handle: None, ..SysRoot::new(dir).unwrap() };
-        vec![("openat2", full), ("no openat2", no_openat2), ("no root handle", no_handle)]
+        let no_openat2 = SysRoot {
+            beneath: None,
+            ..SysRoot::new(dir).unwrap()
+        };
+        let no_handle = SysRoot {
+            beneath: None,
+            handle: None,
+            ..SysRoot::new(dir).unwrap()
+        };
+        vec![
+            ("openat2", full),
+            ("no openat2", no_openat2),
+            ("no root handle", no_handle),
+        ]
     }
 
     #[test]
@@ -966,7 +1140,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         crate::input::make_fifo(&dir.path().join("state"));
         for (way, root) in every_way(dir.path()) {
-            assert!(matches!(root.read("state"), Err(SysError::NotRegular { kind: "FIFO", .. })), "{way}");
+            assert!(
+                matches!(
+                    root.read("state"),
+                    Err(SysError::NotRegular { kind: "FIFO", .. })
+                ),
+                "{way}"
+            );
         }
     }
 
@@ -976,12 +1156,23 @@ mod tests {
         let long = "x".repeat(600);
         fs::write(dir.path().join("long"), &long).unwrap();
         fs::write(dir.path().join("full"), "y".repeat(MAX_ATTR_BYTES as usize)).unwrap();
-        fs::write(dir.path().join("over"), "z".repeat(MAX_ATTR_BYTES as usize + 1)).unwrap();
+        fs::write(
+            dir.path().join("over"),
+            "z".repeat(MAX_ATTR_BYTES as usize + 1),
+        )
+        .unwrap();
         fs::write(dir.path().join("short"), " 7\n").unwrap();
         for (way, root) in every_way(dir.path()) {
             assert_eq!(root.read("long").unwrap(), long, "{way}");
-            assert_eq!(root.read("full").unwrap().len(), MAX_ATTR_BYTES as usize, "{way}");
-            assert!(matches!(root.read("over"), Err(SysError::TooLarge { .. })), "{way}");
+            assert_eq!(
+                root.read("full").unwrap().len(),
+                MAX_ATTR_BYTES as usize,
+                "{way}"
+            );
+            assert!(
+                matches!(root.read("over"), Err(SysError::TooLarge { .. })),
+                "{way}"
+            );
             assert_eq!(root.read_trimmed("short").unwrap(), "7", "{way}");
         }
     }
@@ -999,18 +1190,43 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), dir.path().join("class/evil")).unwrap();
         std::os::unix::fs::symlink("../devices/gone", dir.path().join("class/gone")).unwrap();
         for (way, root) in every_way(dir.path()) {
-            assert_eq!(root.list("class/dev0/ports").unwrap(), ["1", "10", "2"], "{way}");
-            assert!(matches!(root.list("class/evil"), Err(SysError::Escapes { .. })), "{way}");
-            assert!(matches!(root.list("class/gone"), Err(SysError::Dangling { .. })), "{way}");
+            assert_eq!(
+                root.list("class/dev0/ports").unwrap(),
+                ["1", "10", "2"],
+                "{way}"
+            );
+            assert!(
+                matches!(root.list("class/evil"), Err(SysError::Escapes { .. })),
+                "{way}"
+            );
+            assert!(
+                matches!(root.list("class/gone"), Err(SysError::Dangling { .. })),
+                "{way}"
+            );
             assert!(root.list("class/none").unwrap_err().is_not_found(), "{way}");
             // Listed from a canonical folder, a climb back up is still a listing
             // of the folder it lands in, and nothing under it is taken as canonical.
-            assert_eq!(root.list("devices/dev0/ports/..").unwrap(), ["ports"], "{way}");
-            assert_eq!(root.resolve("devices/dev0/ports/../ports/1").unwrap(), "devices/dev0/ports/1", "{way}");
+            assert_eq!(
+                root.list("devices/dev0/ports/..").unwrap(),
+                ["ports"],
+                "{way}"
+            );
+            assert_eq!(
+                root.resolve("devices/dev0/ports/../ports/1").unwrap(),
+                "devices/dev0/ports/1",
+                "{way}"
+            );
             // A link asked for twice resolves the same, the second time from the cache.
             for _ in 0..2 {
-                assert_eq!(root.resolve("class/dev0/ports/1").unwrap(), "devices/dev0/ports/1", "{way}");
-                assert!(matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })), "{way}");
+                assert_eq!(
+                    root.resolve("class/dev0/ports/1").unwrap(),
+                    "devices/dev0/ports/1",
+                    "{way}"
+                );
+                assert!(
+                    matches!(root.resolve("class/gone"), Err(SysError::Dangling { .. })),
+                    "{way}"
+                );
                 assert!(!root.exists("class/dev0/nothing"), "{way}");
             }
         }
@@ -1023,7 +1239,9 @@ mod tests {
         fs::create_dir_all(&big).unwrap();
         // Names of every length up to NAME_MAX, so buffers end at every
         // distance from their end, several buffers' worth in all.
-        let mut want: Vec<String> = (0..1500).map(|i| format!("{i:05}{}", "x".repeat(i % 251))).collect();
+        let mut want: Vec<String> = (0..1500)
+            .map(|i| format!("{i:05}{}", "x".repeat(i % 251)))
+            .collect();
         for name in &want {
             fs::create_dir(big.join(name)).unwrap();
         }
@@ -1038,20 +1256,35 @@ mod tests {
         // This host's own /sys: every machine the tests run on has one.
         let live = SysRoot::new("/sys").unwrap();
         assert!(live.kernfs, "/sys is a sysfs mount");
-        let typed = SysRoot { kernfs: false, ..SysRoot::new("/sys").unwrap() };
-        for attr in ["devices/system/cpu/online", "devices/system/cpu/possible", "kernel/mm/transparent_hugepage/enabled", "class/net/lo/mtu"] {
+        let typed = SysRoot {
+            kernfs: false,
+            ..SysRoot::new("/sys").unwrap()
+        };
+        for attr in [
+            "devices/system/cpu/online",
+            "devices/system/cpu/possible",
+            "kernel/mm/transparent_hugepage/enabled",
+            "class/net/lo/mtu",
+        ] {
             let (a, b) = (live.read(attr), typed.read(attr));
             assert_eq!(a.as_ref().ok(), b.as_ref().ok(), "{attr}");
             assert_eq!(a.is_ok(), b.is_ok(), "{attr}");
         }
         // A folder where an attribute belongs, a missing one, and one through a link.
         for way in [&live, &typed] {
-            assert!(matches!(way.read("devices/system/cpu"), Err(SysError::NotRegular { kind: "folder", .. })));
-            assert!(way.read("devices/system/cpu/no-such-attribute").unwrap_err().is_not_found());
+            assert!(matches!(
+                way.read("devices/system/cpu"),
+                Err(SysError::NotRegular { kind: "folder", .. })
+            ));
+            assert!(way
+                .read("devices/system/cpu/no-such-attribute")
+                .unwrap_err()
+                .is_not_found());
             assert!(way.read("class/net/lo/operstate").is_ok());
         }
         // A tree copied to tmpfs is not trusted so.
-        let copy = tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+        let copy =
+            tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap());
         assert!(!SysRoot::new(copy.path()).unwrap().kernfs);
     }
 
@@ -1074,7 +1307,10 @@ mod tests {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = ignore as *const () as usize;
             act.sa_flags = libc::SA_RESTART;
-            assert_eq!(libc::sigaction(libc::SIGUSR2, &act, std::ptr::null_mut()), 0);
+            assert_eq!(
+                libc::sigaction(libc::SIGUSR2, &act, std::ptr::null_mut()),
+                0
+            );
         }
         // SAFETY: the calling thread's own id.
         let me = unsafe { libc::pthread_self() };
@@ -1108,16 +1344,40 @@ mod tests {
         std::os::unix::fs::symlink("real", dir.path().join("devices/alias")).unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("devices/away")).unwrap();
         fs::create_dir(dir.path().join("class")).unwrap();
-        std::os::unix::fs::symlink("../devices/alias/net/eth0", dir.path().join("class/inside")).unwrap();
-        std::os::unix::fs::symlink("../devices/away/net/eth0", dir.path().join("class/outside")).unwrap();
-        std::os::unix::fs::symlink("../devices/real/net/eth0", dir.path().join("class/plain")).unwrap();
+        std::os::unix::fs::symlink("../devices/alias/net/eth0", dir.path().join("class/inside"))
+            .unwrap();
+        std::os::unix::fs::symlink("../devices/away/net/eth0", dir.path().join("class/outside"))
+            .unwrap();
+        std::os::unix::fs::symlink("../devices/real/net/eth0", dir.path().join("class/plain"))
+            .unwrap();
         for (way, root) in every_way(dir.path()) {
             for _ in 0..2 {
-                assert_eq!(root.resolve("class/inside").unwrap(), "devices/real/net/eth0", "{way}");
-                assert_eq!(root.resolve("class/plain").unwrap(), "devices/real/net/eth0", "{way}");
-                assert!(matches!(root.resolve("class/outside"), Err(SysError::Escapes { .. })), "{way}");
-                assert!(matches!(root.read("class/outside/mtu"), Err(SysError::Escapes { .. })), "{way}");
-                assert_eq!(root.read_trimmed("class/inside/mtu").unwrap(), "1500", "{way}");
+                assert_eq!(
+                    root.resolve("class/inside").unwrap(),
+                    "devices/real/net/eth0",
+                    "{way}"
+                );
+                assert_eq!(
+                    root.resolve("class/plain").unwrap(),
+                    "devices/real/net/eth0",
+                    "{way}"
+                );
+                assert!(
+                    matches!(root.resolve("class/outside"), Err(SysError::Escapes { .. })),
+                    "{way}"
+                );
+                assert!(
+                    matches!(
+                        root.read("class/outside/mtu"),
+                        Err(SysError::Escapes { .. })
+                    ),
+                    "{way}"
+                );
+                assert_eq!(
+                    root.read_trimmed("class/inside/mtu").unwrap(),
+                    "1500",
+                    "{way}"
+                );
             }
         }
     }
@@ -1138,20 +1398,29 @@ mod tests {
         for (way, root) in every_way(dir.path()) {
             for _ in 0..2 {
                 assert_eq!(root.resolve("class/long").unwrap(), folder, "{way}");
-                assert_eq!(root.read_trimmed("class/long/mtu").unwrap(), "1500", "{way}");
+                assert_eq!(
+                    root.read_trimmed("class/long/mtu").unwrap(),
+                    "1500",
+                    "{way}"
+                );
             }
         }
     }
 
     #[test]
     fn split_last_and_plain_names_read_paths_as_the_kernel_does() {
-        assert_eq!(split_last("devices/pci0000:00/0000:00:01.0"), Some(("devices/pci0000:00", "0000:00:01.0")));
+        assert_eq!(
+            split_last("devices/pci0000:00/0000:00:01.0"),
+            Some(("devices/pci0000:00", "0000:00:01.0"))
+        );
         assert_eq!(split_last("class"), None);
         assert_eq!(split_last("class/"), Some(("class", "")));
         for ok in ["a", "devices/pci0000:00/x", "a/.b/..c/...", "é/ü"] {
             assert!(plain_names(ok), "{ok}");
         }
-        for bad in ["", "/", "a/", "/a", "a//b", ".", "..", "a/./b", "a/../b", "a/.."] {
+        for bad in [
+            "", "/", "a/", "/a", "a//b", ".", "..", "a/./b", "a/../b", "a/..",
+        ] {
             assert!(!plain_names(bad), "{bad}");
         }
     }

@@ -20,7 +20,12 @@ pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
 pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, String> {
     // Not installed is one more unreadable answer here, worded as exec says it.
     output_if_installed(bin, args, timeout)?.ok_or_else(|| {
-        format!("running {} {}: {}", bin.display(), args.join(" "), std::io::Error::from_raw_os_error(libc::ENOENT))
+        format!(
+            "running {} {}: {}",
+            bin.display(),
+            args.join(" "),
+            std::io::Error::from_raw_os_error(libc::ENOENT)
+        )
     })
 }
 
@@ -33,9 +38,15 @@ fn may_be_installed(bin: &Path) -> bool {
     if bin.components().count() > 1 {
         return std::fs::symlink_metadata(bin).is_ok();
     }
-    let Some(path) = std::env::var_os("PATH") else { return true };
+    let Some(path) = std::env::var_os("PATH") else {
+        return true;
+    };
     std::env::split_paths(&path).any(|dir| {
-        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir.as_path() };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir.as_path()
+        };
         std::fs::symlink_metadata(dir.join(bin)).is_ok()
     })
 }
@@ -43,7 +54,11 @@ fn may_be_installed(bin: &Path) -> bool {
 /// [`output`], with `Ok(None)` when the tool is not installed at all: for
 /// callers that have another way to the answer (rails fall back to the
 /// PCIe walk when there is no `nvidia-smi`).
-pub fn output_if_installed(bin: &Path, args: &[&str], timeout: Duration) -> Result<Option<String>, String> {
+pub fn output_if_installed(
+    bin: &Path,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Option<String>, String> {
     if !may_be_installed(bin) {
         return Ok(None);
     }
@@ -74,28 +89,56 @@ pub fn output_if_installed(bin: &Path, args: &[&str], timeout: Duration) -> Resu
         rx
     };
     let started = std::time::Instant::now();
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let status = match child.wait_timeout(timeout).map_err(|e| format!("waiting for {cmd}: {e}"))? {
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = match child
+        .wait_timeout(timeout)
+        .map_err(|e| format!("waiting for {cmd}: {e}"))?
+    {
         Some(status) => status,
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("{cmd} did not answer within {}, killed", humantime::format_duration(timeout)));
+            return Err(format!(
+                "{cmd} did not answer within {}, killed",
+                humantime::format_duration(timeout)
+            ));
         }
     };
     // A child that exited but left a grandchild holding its pipes open would
     // keep the readers waiting: they get what is left of the timeout.
-    let left = || timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
-    let stdout = out
-        .recv_timeout(left())
-        .map_err(|_| format!("{cmd} exited but its output did not end within {}", humantime::format_duration(timeout)))?;
+    let left = || {
+        timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(100))
+    };
+    let stdout = out.recv_timeout(left()).map_err(|_| {
+        format!(
+            "{cmd} exited but its output did not end within {}",
+            humantime::format_duration(timeout)
+        )
+    })?;
     let stderr = err.recv_timeout(left()).unwrap_or_default();
     if !status.success() {
-        return Err(format!("{cmd} exited with {status}: {}", String::from_utf8_lossy(&stderr).trim()));
+        return Err(format!(
+            "{cmd} exited with {status}: {}",
+            String::from_utf8_lossy(&stderr).trim()
+        ));
     }
     if stdout.len() as u64 > MAX_OUTPUT {
-        return Err(format!("{cmd} printed more than {MAX_OUTPUT} bytes, refused"));
+        return Err(format!(
+            "{cmd} printed more than {MAX_OUTPUT} bytes, refused"
+        ));
     }
     Ok(Some(String::from_utf8_lossy(&stdout).into_owned()))
 }
@@ -107,12 +150,20 @@ mod tests {
     #[test]
     fn a_hung_tool_is_killed_and_unreadable() {
         let e = output(Path::new("sleep"), &["30"], Duration::from_millis(200)).unwrap_err();
-        assert!(e.contains("did not answer within") && e.contains("sleep 30"), "{e}");
+        assert!(
+            e.contains("did not answer within") && e.contains("sleep 30"),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_missing_tool_names_itself() {
-        let e = output(Path::new("/nonexistent/nvidia-smi"), &["-q"], DEFAULT_TIMEOUT).unwrap_err();
+        let e = output(
+            Path::new("/nonexistent/nvidia-smi"),
+            &["-q"],
+            DEFAULT_TIMEOUT,
+        )
+        .unwrap_err();
         assert!(e.contains("/nonexistent/nvidia-smi -q"), "{e}");
     }
 
@@ -122,8 +173,19 @@ mod tests {
         assert!(!may_be_installed(Path::new("/nonexistent/nvidia-smi")));
         assert!(may_be_installed(Path::new("sh")), "sh is on every PATH");
         assert!(may_be_installed(Path::new("/bin/sh")));
-        let e = output(Path::new("nodefabric-no-such-tool"), &["-q"], DEFAULT_TIMEOUT).unwrap_err();
-        assert_eq!(e, format!("running nodefabric-no-such-tool -q: {}", std::io::Error::from_raw_os_error(libc::ENOENT)));
+        let e = output(
+            Path::new("nodefabric-no-such-tool"),
+            &["-q"],
+            DEFAULT_TIMEOUT,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "running nodefabric-no-such-tool -q: {}",
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            )
+        );
         // A file that is there but cannot be run is the spawn's to refuse.
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("not-a-program");
@@ -134,7 +196,12 @@ mod tests {
 
     #[test]
     fn a_failing_tool_reports_its_status_and_stderr() {
-        let e = output(Path::new("sh"), &["-c", "echo broken >&2; exit 3"], DEFAULT_TIMEOUT).unwrap_err();
+        let e = output(
+            Path::new("sh"),
+            &["-c", "echo broken >&2; exit 3"],
+            DEFAULT_TIMEOUT,
+        )
+        .unwrap_err();
         assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
     }
 }

@@ -43,7 +43,15 @@ fn members(archive: &Path) -> BTreeSet<String> {
     tar::Archive::new(gz)
         .entries()
         .unwrap()
-        .map(|e| e.unwrap().path().unwrap().to_string_lossy().trim_start_matches("sysfs").trim_start_matches('/').to_string())
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .unwrap()
+                .to_string_lossy()
+                .trim_start_matches("sysfs")
+                .trim_start_matches('/')
+                .to_string()
+        })
         .collect()
 }
 
@@ -51,7 +59,11 @@ fn members(archive: &Path) -> BTreeSet<String> {
 /// succeed, or the failure is reported under `name`.
 fn capture(name: &str, root: &Path, out: &Path) {
     let o = nodefabric(root, &["capture", "--out", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn round_trip(name: &str, build: impl FnOnce(&Path)) {
@@ -62,26 +74,40 @@ fn round_trip(name: &str, build: impl FnOnce(&Path)) {
     capture(name, &root, &archive);
     let live = views(&root);
     let replay = views(&archive);
-    for (i, cmd) in ["inventory", "features", "cdi", "preflight"].iter().enumerate() {
+    for (i, cmd) in ["inventory", "features", "cdi", "preflight"]
+        .iter()
+        .enumerate()
+    {
         assert_eq!(
             String::from_utf8_lossy(&live[i].1),
             String::from_utf8_lossy(&replay[i].1),
             "{name}: `{cmd}` differs on replay"
         );
-        assert_eq!(live[i].0, replay[i].0, "{name}: `{cmd}` exit status differs on replay");
+        assert_eq!(
+            live[i].0, replay[i].0,
+            "{name}: `{cmd}` exit status differs on replay"
+        );
     }
     // Capturing the replayed tree gives the same archive: nothing was lost or added.
     let again = tmp.path().join("again.tar.gz");
     capture(name, &archive, &again);
-    assert_eq!(fs::read(&archive).unwrap(), fs::read(&again).unwrap(), "{name}: capture is not stable");
+    assert_eq!(
+        fs::read(&archive).unwrap(),
+        fs::read(&again).unwrap(),
+        "{name}: capture is not stable"
+    );
 }
 
 #[test]
 fn every_fixture_replays_byte_identically() {
     round_trip("gpu8", |d| drop(fixtures::gpu8_switch_paired(d)));
     round_trip("vf_only", |d| drop(fixtures::vf_only(d)));
-    round_trip("active_defer", |d| drop(fixtures::single_port(d, ("2: INIT", "5: LinkUp"))));
-    round_trip("all_ports_down", |d| drop(fixtures::all_ports_down(d, true)));
+    round_trip("active_defer", |d| {
+        drop(fixtures::single_port(d, ("2: INIT", "5: LinkUp")))
+    });
+    round_trip("all_ports_down", |d| {
+        drop(fixtures::all_ports_down(d, true))
+    });
     round_trip("unreadable_port", |d| drop(fixtures::unreadable_port(d)));
     round_trip("no_accelerator", |d| drop(fixtures::no_accelerator(d)));
     round_trip("blank_numa", |d| drop(fixtures::blank_numa(d)));
@@ -89,8 +115,14 @@ fn every_fixture_replays_byte_identically() {
     round_trip("non_pci", |d| drop(fixtures::non_pci(d)));
     round_trip("hostile", |d| drop(fixtures::hostile(d)));
     round_trip("large", |d| drop(fixtures::large(d, 64)));
-    round_trip("amd_hives", |d| drop(fixtures::amd_hives(d, &[Some("77"), None, Some("0")])));
-    round_trip("rail_names", |d| drop(fixtures::gpu8_named(d, |i, _| format!("eth_r{}_p{}", i / 2, i % 2))));
+    round_trip("amd_hives", |d| {
+        drop(fixtures::amd_hives(d, &[Some("77"), None, Some("0")]))
+    });
+    round_trip("rail_names", |d| {
+        drop(fixtures::gpu8_named(d, |i, _| {
+            format!("eth_r{}_p{}", i / 2, i % 2)
+        }))
+    });
 }
 
 #[test]
@@ -99,21 +131,45 @@ fn the_archive_holds_only_what_discovery_read() {
     let root = tmp.path().join("sys");
     let t = fixtures::single_port(&root, ("4: ACTIVE", "5: LinkUp"));
     // Host data discovery never reads: a device attribute, a file elsewhere, a whole folder.
-    let nic = t.pci(&[&fixtures::addr(0x00, 1, 0), &fixtures::addr(0x01, 0, 0), &fixtures::addr(0x02, 1, 0), &fixtures::addr(0x04, 0, 0)], 0x15b3, 0x1021, 0x020000, 0);
+    let nic = t.pci(
+        &[
+            &fixtures::addr(0x00, 1, 0),
+            &fixtures::addr(0x01, 0, 0),
+            &fixtures::addr(0x02, 1, 0),
+            &fixtures::addr(0x04, 0, 0),
+        ],
+        0x15b3,
+        0x1021,
+        0x020000,
+        0,
+    );
     t.write(&format!("{nic}/vpd"), "SERIAL-NUMBER-1234");
     t.write("kernel/secret", "do not copy");
     t.write("firmware/acpi/tables/DSDT", "tables");
     let archive = tmp.path().join("node.tar.gz");
     capture("the archive", &root, &archive);
     let names = members(&archive);
-    assert!(names.iter().all(|n| !n.contains("vpd") && !n.starts_with("kernel") && !n.starts_with("firmware")), "{names:#?}");
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.contains("vpd") && !n.starts_with("kernel") && !n.starts_with("firmware")),
+        "{names:#?}"
+    );
     // What it does hold: the links followed and the attributes read.
     assert!(names.contains("class/net/enp4s0np0"));
-    assert!(names.iter().any(|n| n.ends_with("infiniband/mlx5_0/ports/1/state")));
+    assert!(names
+        .iter()
+        .any(|n| n.ends_with("infiniband/mlx5_0/ports/1/state")));
     // A PCI function's class only where its vendor makes accelerators: the
     // GPU's, not the NIC's, whose vendor is answer enough.
-    assert!(names.contains(&format!("{nic}/vendor")) && !names.contains(&format!("{nic}/class")), "{names:#?}");
-    assert!(names.iter().any(|n| n.ends_with("0000:03:00.0/class")), "{names:#?}");
+    assert!(
+        names.contains(&format!("{nic}/vendor")) && !names.contains(&format!("{nic}/class")),
+        "{names:#?}"
+    );
+    assert!(
+        names.iter().any(|n| n.ends_with("0000:03:00.0/class")),
+        "{names:#?}"
+    );
     let bytes = fs::read(&archive).unwrap();
     assert!(!String::from_utf8_lossy(&flate2_decode(&bytes)).contains("SERIAL-NUMBER-1234"));
 }
@@ -134,24 +190,42 @@ fn a_vf_known_from_both_sides_is_not_asked_its_vendor() {
     // The PF answers for its VFs with netdevs (0000:04:00.2-.4); the VF
     // without one (0000:04:00.5) is known from its PF's side only, so it is
     // read as any function is.
-    assert!(names.iter().any(|n| n.ends_with("0000:04:00.0/vendor")), "{names:#?}");
+    assert!(
+        names.iter().any(|n| n.ends_with("0000:04:00.0/vendor")),
+        "{names:#?}"
+    );
     for vf in ["0000:04:00.2", "0000:04:00.3", "0000:04:00.4"] {
-        assert!(!names.iter().any(|n| n.ends_with(&format!("{vf}/vendor"))), "{vf}: {names:#?}");
+        assert!(
+            !names.iter().any(|n| n.ends_with(&format!("{vf}/vendor"))),
+            "{vf}: {names:#?}"
+        );
     }
-    assert!(names.iter().any(|n| n.ends_with("0000:04:00.5/vendor")), "{names:#?}");
+    assert!(
+        names.iter().any(|n| n.ends_with("0000:04:00.5/vendor")),
+        "{names:#?}"
+    );
 }
 
 #[test]
 fn a_pci_functions_cpu_list_is_read_once_per_numa_node() {
     let names = captured(|root| drop(fixtures::vf_only(root)));
-    let read = |f: &str| names.iter().any(|n| n.ends_with(&format!("{f}/local_cpulist")));
+    let read = |f: &str| {
+        names
+            .iter()
+            .any(|n| n.ends_with(&format!("{f}/local_cpulist")))
+    };
     // The kernel prints it from the node alone: the PF reads node 1's, VF
     // 0000:04:00.2 node -1's (every online CPU); the other VFs are on one
     // of those and read nothing. Every node's number is still read.
     assert!(read("0000:04:00.0") && read("0000:04:00.2"), "{names:#?}");
     for vf in ["0000:04:00.3", "0000:04:00.4", "0000:04:00.5"] {
         assert!(!read(vf), "{vf}: {names:#?}");
-        assert!(names.iter().any(|n| n.ends_with(&format!("{vf}/numa_node"))), "{vf}: {names:#?}");
+        assert!(
+            names
+                .iter()
+                .any(|n| n.ends_with(&format!("{vf}/numa_node"))),
+            "{vf}: {names:#?}"
+        );
     }
 }
 
@@ -169,7 +243,10 @@ fn a_file_that_is_not_a_capture_is_a_clear_error() {
     let o = nodefabric(&bogus, &["inventory"]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("notes.txt") && err.contains("not a tar.gz capture"), "{err}");
+    assert!(
+        err.contains("notes.txt") && err.contains("not a tar.gz capture"),
+        "{err}"
+    );
 }
 
 // Hostile archives. Each is replayed from a scratch folder whose `tmp/` is the
@@ -195,7 +272,10 @@ fn listing(dir: &Path) -> BTreeSet<PathBuf> {
 
 /// The names directly in `dir`, sorted.
 fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -213,7 +293,12 @@ fn scratch(archive: &[u8]) -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// `nodefabric` with the replay's temp folder pointed at `tmp`.
 fn replay(archive: &Path, tmp: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-    c.arg("--sysfs-root").arg(archive).args(args).env("TMPDIR", tmp).env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z").env("PATH", "/nonexistent");
+    c.arg("--sysfs-root")
+        .arg(archive)
+        .args(args)
+        .env("TMPDIR", tmp)
+        .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
+        .env("PATH", "/nonexistent");
     c
 }
 
@@ -222,12 +307,25 @@ fn replay(archive: &Path, tmp: &Path, args: &[&str]) -> Command {
 fn refused(archive: Vec<u8>, args: &[&str]) -> String {
     let (dir, path, tmp) = scratch(&archive);
     let before = listing(dir.path());
-    let o = replay(&path, &tmp, &[args, &["inventory"]].concat()).output().unwrap();
+    let o = replay(&path, &tmp, &[args, &["inventory"]].concat())
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "not refused: {err}");
-    assert!(o.stdout.is_empty(), "printed a record: {}", String::from_utf8_lossy(&o.stdout));
-    assert_eq!(listing(dir.path()), before, "the replay left something behind or outside its folder; {err}");
-    assert!(err.contains("node.tar.gz"), "the error does not name the archive: {err}");
+    assert!(
+        o.stdout.is_empty(),
+        "printed a record: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "the replay left something behind or outside its folder; {err}"
+    );
+    assert!(
+        err.contains("node.tar.gz"),
+        "the error does not name the archive: {err}"
+    );
     err
 }
 
@@ -239,72 +337,169 @@ fn top() -> Hostile {
 #[test]
 fn a_top_folder_that_is_a_link_to_the_live_sys_is_refused() {
     let err = refused(Hostile::new().symlink("sysfs", "/sys").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs""#) && err.contains(r#""/sys" is absolute"#), "{err}");
-    let err = refused(Hostile::new().symlink("sysfs", "..").dir("sysfs/class/").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs""#) && err.contains("must be a folder"), "{err}");
+    assert!(
+        err.contains(r#"entry "sysfs""#) && err.contains(r#""/sys" is absolute"#),
+        "{err}"
+    );
+    let err = refused(
+        Hostile::new()
+            .symlink("sysfs", "..")
+            .dir("sysfs/class/")
+            .finish(),
+        &[],
+    );
+    assert!(
+        err.contains(r#"entry "sysfs""#) && err.contains("must be a folder"),
+        "{err}"
+    );
 }
 
 #[test]
 fn dot_dot_and_absolute_entry_names_are_refused() {
     let err = refused(top().file("sysfs/../../../escaped", "x").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs/../../../escaped""#) && err.contains("not a plain relative path"), "{err}");
-    let err = refused(top().file("sysfs/class/../../../../escaped", "x").finish(), &[]);
+    assert!(
+        err.contains(r#"entry "sysfs/../../../escaped""#)
+            && err.contains("not a plain relative path"),
+        "{err}"
+    );
+    let err = refused(
+        top().file("sysfs/class/../../../../escaped", "x").finish(),
+        &[],
+    );
     assert!(err.contains("not a plain relative path"), "{err}");
     // An absolute name aimed at the scratch folder itself.
     let (dir, _, _) = scratch(b"");
     let aim = format!("{}/escaped", dir.path().display());
     let err = refused(top().file(&aim, "x").finish(), &[]);
-    assert!(err.contains(&aim) && err.contains("not a plain relative path"), "{err}");
+    assert!(
+        err.contains(&aim) && err.contains("not a plain relative path"),
+        "{err}"
+    );
     assert!(!dir.path().join("escaped").exists());
     let err = refused(top().file("elsewhere/file", "x").finish(), &[]);
-    assert!(err.contains(r#"entry "elsewhere/file""#) && err.contains("outside the folders a capture holds (sysfs/, vendor/)"), "{err}");
+    assert!(
+        err.contains(r#"entry "elsewhere/file""#)
+            && err.contains("outside the folders a capture holds (sysfs/, vendor/)"),
+        "{err}"
+    );
 }
 
 #[test]
 fn link_targets_that_climb_out_of_the_unpack_folder_are_refused() {
-    let err = refused(top().symlink("sysfs/class/evil", "../../../../escaped").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs/class/evil""#) && err.contains("climbs above"), "{err}");
+    let err = refused(
+        top()
+            .symlink("sysfs/class/evil", "../../../../escaped")
+            .finish(),
+        &[],
+    );
+    assert!(
+        err.contains(r#"entry "sysfs/class/evil""#) && err.contains("climbs above"),
+        "{err}"
+    );
     // Lexically inside (`d/e/x`), really outside: `up` is the unpack folder.
-    let through = top().symlink("sysfs/class/up", "../..").symlink("sysfs/class/l", "up/../x").finish();
+    let through = top()
+        .symlink("sysfs/class/up", "../..")
+        .symlink("sysfs/class/l", "up/../x")
+        .finish();
     let err = refused(through, &[]);
-    assert!(err.contains(r#"entry "sysfs/class/l""#) && err.contains(r#""up/../x""#), "{err}");
+    assert!(
+        err.contains(r#"entry "sysfs/class/l""#) && err.contains(r#""up/../x""#),
+        "{err}"
+    );
 }
 
 #[test]
 fn an_entry_written_through_a_link_is_refused_before_it_is_written() {
     // `out` leads to the scratch folder; `out/escaped` would land there if
     // written before the links are checked.
-    let err = refused(top().symlink("sysfs/out", "../../..").file("sysfs/out/escaped", "x").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs/out/escaped""#) && err.contains(r#"under "sysfs/out""#), "{err}");
-    let err = refused(top().file("sysfs/class/f", "x").file("sysfs/class/f/g", "y").finish(), &[]);
+    let err = refused(
+        top()
+            .symlink("sysfs/out", "../../..")
+            .file("sysfs/out/escaped", "x")
+            .finish(),
+        &[],
+    );
+    assert!(
+        err.contains(r#"entry "sysfs/out/escaped""#) && err.contains(r#"under "sysfs/out""#),
+        "{err}"
+    );
+    let err = refused(
+        top()
+            .file("sysfs/class/f", "x")
+            .file("sysfs/class/f/g", "y")
+            .finish(),
+        &[],
+    );
     assert!(err.contains("not a folder"), "{err}");
 }
 
 #[test]
 fn absolute_link_targets_are_refused() {
-    let err = refused(top().symlink("sysfs/class/net", "/sys/class/net").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs/class/net""#) && err.contains(r#""/sys/class/net" is absolute"#), "{err}");
+    let err = refused(
+        top().symlink("sysfs/class/net", "/sys/class/net").finish(),
+        &[],
+    );
+    assert!(
+        err.contains(r#"entry "sysfs/class/net""#)
+            && err.contains(r#""/sys/class/net" is absolute"#),
+        "{err}"
+    );
 }
 
 #[test]
 fn hard_links_are_refused() {
-    let err = refused(top().file("sysfs/class/a", "x").hardlink("sysfs/class/b", "sysfs/class/a").finish(), &[]);
-    assert!(err.contains(r#"entry "sysfs/class/b""#) && err.contains("hard link"), "{err}");
-    let err = refused(top().hardlink("sysfs/class/shadow", "/etc/shadow").finish(), &[]);
-    assert!(err.contains("hard link") && err.contains("/etc/shadow"), "{err}");
+    let err = refused(
+        top()
+            .file("sysfs/class/a", "x")
+            .hardlink("sysfs/class/b", "sysfs/class/a")
+            .finish(),
+        &[],
+    );
+    assert!(
+        err.contains(r#"entry "sysfs/class/b""#) && err.contains("hard link"),
+        "{err}"
+    );
+    let err = refused(
+        top().hardlink("sysfs/class/shadow", "/etc/shadow").finish(),
+        &[],
+    );
+    assert!(
+        err.contains("hard link") && err.contains("/etc/shadow"),
+        "{err}"
+    );
 }
 
 #[test]
 fn device_nodes_fifos_and_other_kinds_are_refused() {
-    for (kind, words) in [(EntryType::Char, "character device"), (EntryType::Block, "block device"), (EntryType::Fifo, "FIFO"), (EntryType::Continuous, "contiguous file"), (EntryType::new(b'Z'), "type 'Z'")] {
-        let err = refused(top().entry(kind, "sysfs/class/odd", "", 0, std::io::empty()).finish(), &[]);
-        assert!(err.contains(r#"entry "sysfs/class/odd""#) && err.contains(words), "{kind:?}: {err}");
+    for (kind, words) in [
+        (EntryType::Char, "character device"),
+        (EntryType::Block, "block device"),
+        (EntryType::Fifo, "FIFO"),
+        (EntryType::Continuous, "contiguous file"),
+        (EntryType::new(b'Z'), "type 'Z'"),
+    ] {
+        let err = refused(
+            top()
+                .entry(kind, "sysfs/class/odd", "", 0, std::io::empty())
+                .finish(),
+            &[],
+        );
+        assert!(
+            err.contains(r#"entry "sysfs/class/odd""#) && err.contains(words),
+            "{kind:?}: {err}"
+        );
     }
 }
 
 #[test]
 fn a_name_that_appears_twice_is_refused() {
-    let err = refused(top().file("sysfs/class/a", "x").file("sysfs/class/a", "y").finish(), &[]);
+    let err = refused(
+        top()
+            .file("sysfs/class/a", "x")
+            .file("sysfs/class/a", "y")
+            .finish(),
+        &[],
+    );
     assert!(err.contains("appears twice"), "{err}");
 }
 
@@ -313,7 +508,12 @@ fn a_gzip_bomb_over_the_byte_cap_is_refused() {
     let bomb = top().zeros("sysfs/class/big", 4 << 20).finish();
     assert!(bomb.len() < 64 * 1024, "the bomb is {} bytes", bomb.len());
     let err = refused(bomb, &["--replay-max-bytes", "1MiB"]);
-    assert!(err.contains(r#"entry "sysfs/class/big""#) && err.contains("past 1048576 bytes") && err.contains("--replay-max-bytes"), "{err}");
+    assert!(
+        err.contains(r#"entry "sysfs/class/big""#)
+            && err.contains("past 1048576 bytes")
+            && err.contains("--replay-max-bytes"),
+        "{err}"
+    );
     // Many files, each under the cap, together over it.
     let mut many = top();
     for i in 0..8 {
@@ -325,8 +525,14 @@ fn a_gzip_bomb_over_the_byte_cap_is_refused() {
 
 #[test]
 fn an_oversized_long_name_header_is_refused_before_it_is_buffered() {
-    let err = refused(top().long_name(8 << 20).file("sysfs/class/x", "x").finish(), &[]);
-    assert!(err.contains("header after entry \"sysfs/class/\"") && err.contains("65536 bytes"), "{err}");
+    let err = refused(
+        top().long_name(8 << 20).file("sysfs/class/x", "x").finish(),
+        &[],
+    );
+    assert!(
+        err.contains("header after entry \"sysfs/class/\"") && err.contains("65536 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -336,7 +542,12 @@ fn too_many_entries_are_refused() {
         many = many.file(&format!("sysfs/class/f{i}"), "1");
     }
     let err = refused(many.finish(), &["--replay-max-entries", "10"]);
-    assert!(err.contains("more than 10 entries") && err.contains(r#""sysfs/class/f8""#) && err.contains("--replay-max-entries"), "{err}");
+    assert!(
+        err.contains("more than 10 entries")
+            && err.contains(r#""sysfs/class/f8""#)
+            && err.contains("--replay-max-entries"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -349,27 +560,68 @@ fn a_real_capture_replays_at_exactly_its_entry_count_and_not_one_below() {
     let n = members(&archive).len();
     let scratch_tmp = tmp.path().join("tmp");
     fs::create_dir(&scratch_tmp).unwrap();
-    let at = replay(&archive, &scratch_tmp, &["--replay-max-entries", &n.to_string(), "inventory"]).output().unwrap();
-    assert!(at.status.success(), "{}", String::from_utf8_lossy(&at.stderr));
+    let at = replay(
+        &archive,
+        &scratch_tmp,
+        &["--replay-max-entries", &n.to_string(), "inventory"],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        at.status.success(),
+        "{}",
+        String::from_utf8_lossy(&at.stderr)
+    );
     assert_eq!(at.stdout, nodefabric(&root, &["inventory"]).stdout);
-    let below = replay(&archive, &scratch_tmp, &["--replay-max-entries", &(n - 1).to_string(), "inventory"]).output().unwrap();
+    let below = replay(
+        &archive,
+        &scratch_tmp,
+        &["--replay-max-entries", &(n - 1).to_string(), "inventory"],
+    )
+    .output()
+    .unwrap();
     assert_eq!(below.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&below.stderr).contains(&format!("more than {} entries", n - 1)));
-    assert!(names(&scratch_tmp).is_empty(), "replay folders left behind: {:?}", names(&scratch_tmp));
+    assert!(
+        String::from_utf8_lossy(&below.stderr).contains(&format!("more than {} entries", n - 1))
+    );
+    assert!(
+        names(&scratch_tmp).is_empty(),
+        "replay folders left behind: {:?}",
+        names(&scratch_tmp)
+    );
 }
 
 #[test]
 fn out_of_range_replay_caps_are_usage_errors_naming_the_flag() {
     let tmp = tempfile::tempdir().unwrap();
-    for (flag, value) in [("--replay-max-entries", "0"), ("--replay-max-entries", "many"), ("--replay-max-bytes", "0"), ("--replay-max-bytes", "1PiB"), ("--replay-max-bytes", "99999999999999999999GiB")] {
-        let o = replay(tmp.path(), tmp.path(), &[flag, value, "inventory"]).output().unwrap();
+    for (flag, value) in [
+        ("--replay-max-entries", "0"),
+        ("--replay-max-entries", "many"),
+        ("--replay-max-bytes", "0"),
+        ("--replay-max-bytes", "1PiB"),
+        ("--replay-max-bytes", "99999999999999999999GiB"),
+    ] {
+        let o = replay(tmp.path(), tmp.path(), &[flag, value, "inventory"])
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
-        assert!(err.contains(flag) && err.contains(value), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
     }
-    let help = replay(tmp.path(), tmp.path(), &["--help"]).output().unwrap();
+    let help = replay(tmp.path(), tmp.path(), &["--help"])
+        .output()
+        .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    assert!(help.contains("--replay-max-entries") && help.contains("100000") && help.contains("--replay-max-bytes") && help.contains("256MiB"), "{help}");
+    assert!(
+        help.contains("--replay-max-entries")
+            && help.contains("100000")
+            && help.contains("--replay-max-bytes")
+            && help.contains("256MiB"),
+        "{help}"
+    );
 }
 
 #[test]
@@ -381,7 +633,12 @@ fn a_link_leaving_the_captured_tree_is_archived_as_a_link_out_of_sysfs() {
     capture("the tree", &root, &archive);
     let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
     let mut ar = tar::Archive::new(gz);
-    let evil = ar.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap() == Path::new("sysfs/class/net/evil")).expect("the link is archived");
+    let evil = ar
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap())
+        .find(|e| e.path().unwrap() == Path::new("sysfs/class/net/evil"))
+        .expect("the link is archived");
     // Up to the archive's top: inside the unpack folder, outside the sysfs root.
     assert_eq!(evil.link_name().unwrap().unwrap(), Path::new("../../.."));
 }
@@ -414,20 +671,44 @@ fn signal_during_a_slow_replay(signal: i32) {
     fs::write(&smi, format!("#!/bin/sh\n: > '{}'\ni=0\nwhile [ ! -e '{}' ] && [ $i -lt 5000 ]; do /bin/sleep 0.05; i=$((i+1)); done\n", started.display(), release.display())).unwrap();
     let _release = Release(release);
     fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let mut child = replay(&archive, &replay_tmp, &["--nvidia-smi", smi.to_str().unwrap(), "inventory"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = replay(
+        &archive,
+        &replay_tmp,
+        &["--nvidia-smi", smi.to_str().unwrap(), "inventory"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     // Wait for the blocked nvidia-smi, or for the replay to end without it.
     while !started.exists() {
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("replay ended ({status}) before running nvidia-smi: {}", String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr));
+            panic!(
+                "replay ended ({status}) before running nvidia-smi: {}",
+                String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr)
+            );
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let folders = names(&replay_tmp);
-    assert!(folders.len() == 1 && folders[0].starts_with("nodefabric-replay."), "{folders:?}");
+    assert!(
+        folders.len() == 1 && folders[0].starts_with("nodefabric-replay."),
+        "{folders:?}"
+    );
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.signal(), Some(signal), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    assert!(names(&replay_tmp).is_empty(), "left behind: {:?}", names(&replay_tmp));
+    assert_eq!(
+        out.status.signal(),
+        Some(signal),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        names(&replay_tmp).is_empty(),
+        "left behind: {:?}",
+        names(&replay_tmp)
+    );
 }
 
 #[test]
@@ -455,21 +736,53 @@ fn a_replay_reproduces_the_fabric_labels_from_the_captured_vendor_answers() {
     let root = tmp.path().join("sys");
     fixtures::gpu8_switch_paired(&root);
     let q = tmp.path().join("q.txt");
-    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "3", "5b0e1122-3344-5566-7788-99aabbccddef"))).unwrap();
+    fs::write(
+        &q,
+        fixtures::nvsmi_q(|_| {
+            (
+                "Completed",
+                "Success",
+                "3",
+                "5b0e1122-3344-5566-7788-99aabbccddef",
+            )
+        }),
+    )
+    .unwrap();
     let live = nodefabric(&root, &["features", "--nvidia-smi-q", q.to_str().unwrap()]);
     let live = String::from_utf8(live.stdout).unwrap();
-    assert!(live.contains("fabric.domain=nvlink-5b0e112233445566778899aabbccddef-3"), "{live}");
+    assert!(
+        live.contains("fabric.domain=nvlink-5b0e112233445566778899aabbccddef-3"),
+        "{live}"
+    );
     let archive = tmp.path().join("node.tar.gz");
-    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap(), "--nvidia-smi-q", q.to_str().unwrap()]);
+    let o = nodefabric(
+        &root,
+        &[
+            "capture",
+            "--out",
+            archive.to_str().unwrap(),
+            "--nvidia-smi-q",
+            q.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(members(&archive).contains("vendor/fabric.json"), "{:?}", members(&archive));
+    assert!(
+        members(&archive).contains("vendor/fabric.json"),
+        "{:?}",
+        members(&archive)
+    );
     fs::remove_file(&q).unwrap();
     // No vendor input at all on replay: the captured answer speaks.
     let replayed = nodefabric(&archive, &["features"]);
     assert_eq!(String::from_utf8(replayed.stdout).unwrap(), live);
     // A fabric input named on the command line wins over the captured one.
-    let o = nodefabric(&archive, &["features", "--nvidia-smi", "/nonexistent/nvidia-smi"]);
-    assert!(!String::from_utf8(o.stdout).unwrap().contains("fabric.domain"));
+    let o = nodefabric(
+        &archive,
+        &["features", "--nvidia-smi", "/nonexistent/nvidia-smi"],
+    );
+    assert!(!String::from_utf8(o.stdout)
+        .unwrap()
+        .contains("fabric.domain"));
 }
 
 #[test]
@@ -480,7 +793,10 @@ fn a_captured_unreadable_answer_replays_as_the_same_note() {
     let archive = tmp.path().join("node.tar.gz");
     let args = ["--nvidia-smi", "/opt/vendor/bin/nvidia-smi"];
     let live = nodefabric(&root, &[&["preflight"][..], &args].concat());
-    let o = nodefabric(&root, &[&["capture", "--out", archive.to_str().unwrap()][..], &args].concat());
+    let o = nodefabric(
+        &root,
+        &[&["capture", "--out", archive.to_str().unwrap()][..], &args].concat(),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let replayed = nodefabric(&archive, &["preflight"]);
     let live = String::from_utf8(live.stdout).unwrap();
@@ -490,9 +806,22 @@ fn a_captured_unreadable_answer_replays_as_the_same_note() {
 
 #[test]
 fn a_vendor_answer_file_that_is_not_one_is_refused() {
-    let a = top().dir("vendor/").file("vendor/fabric.json", "{\"nvidia\": 7}").finish();
+    let a = top()
+        .dir("vendor/")
+        .file("vendor/fabric.json", "{\"nvidia\": 7}")
+        .finish();
     let err = refused(a, &[]);
     assert!(err.contains("vendor/fabric.json"), "{err}");
-    let err = refused(top().dir("vendor/").file("vendor/other.txt", "x").file("vendor/fabric.json", "{\"surprise\": {}}").finish(), &[]);
-    assert!(err.contains("vendor/fabric.json") && err.contains("surprise"), "{err}");
+    let err = refused(
+        top()
+            .dir("vendor/")
+            .file("vendor/other.txt", "x")
+            .file("vendor/fabric.json", "{\"surprise\": {}}")
+            .finish(),
+        &[],
+    );
+    assert!(
+        err.contains("vendor/fabric.json") && err.contains("surprise"),
+        "{err}"
+    );
 }

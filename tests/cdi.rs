@@ -51,7 +51,10 @@ fn read_schema(file: &str) -> Value {
 struct LocalDefs;
 
 impl jsonschema::Retrieve for LocalDefs {
-    fn retrieve(&self, uri: &jsonschema::Uri<String>) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+    fn retrieve(
+        &self,
+        uri: &jsonschema::Uri<String>,
+    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
         if uri.path().as_str().ends_with("/defs.json") {
             Ok(read_schema("defs.json"))
         } else {
@@ -68,7 +71,10 @@ fn validator() -> jsonschema::Validator {
 }
 
 fn assert_valid(v: &jsonschema::Validator, spec: &Value) {
-    let errors: Vec<String> = v.iter_errors(spec).map(|e| format!("{e} at {}", e.instance_path())).collect();
+    let errors: Vec<String> = v
+        .iter_errors(spec)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
     assert!(errors.is_empty(), "schema errors: {errors:?}\n{spec:#}");
 }
 
@@ -115,27 +121,43 @@ fn each_device_injects_only_its_own_verbs_node() {
     assert_eq!(rdma["kind"], "gpustack.ai/rdma");
     assert_eq!(rdma["cdiVersion"], "0.6.0");
     let devices = rdma["devices"].as_array().unwrap();
-    assert_eq!(devices.len(), 10, "8 GPU-paired NICs and 2 storage NICs; eno1 has no RDMA");
+    assert_eq!(
+        devices.len(),
+        10,
+        "8 GPU-paired NICs and 2 storage NICs; eno1 has no RDMA"
+    );
     for d in devices {
         let nodes = d["containerEdits"]["deviceNodes"].as_array().unwrap();
         assert_eq!(nodes.len(), 1);
         let path = nodes[0]["path"].as_str().unwrap();
         assert!(path.starts_with("/dev/infiniband/uverbs"), "{path}");
-        assert_eq!((nodes[0]["type"].as_str(), nodes[0]["major"].as_i64()), (Some("c"), Some(231)));
+        assert_eq!(
+            (nodes[0]["type"].as_str(), nodes[0]["major"].as_i64()),
+            (Some("c"), Some(231))
+        );
         assert_eq!(d["annotations"]["rdma.gpustack.ai/link"], "OK");
     }
     // mlx5_3 is the fourth verbs device created, so uverbs3 231:3
     let m3 = devices.iter().find(|d| d["name"] == "mlx5_3").unwrap();
-    assert_eq!(m3["containerEdits"]["deviceNodes"][0]["path"], "/dev/infiniband/uverbs3");
+    assert_eq!(
+        m3["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/infiniband/uverbs3"
+    );
     assert_eq!(m3["containerEdits"]["deviceNodes"][0]["minor"], 3);
     assert_eq!(m3["annotations"]["rdma.gpustack.ai/numa"], "0");
-    assert_eq!(m3["annotations"]["rdma.gpustack.ai/pci-address"], "0000:43:00.0");
+    assert_eq!(
+        m3["annotations"]["rdma.gpustack.ai/pci-address"],
+        "0000:43:00.0"
+    );
     // rdma_cm once, at spec level
     assert_eq!(
         rdma["containerEdits"]["deviceNodes"],
         serde_json::json!([{"path": "/dev/infiniband/rdma_cm", "type": "c", "major": 10, "minor": 58, "permissions": "rw"}])
     );
-    assert!(specs.get("nodefabric-rdma-vf.json").is_none(), "no PF has VFs configured");
+    assert!(
+        specs.get("nodefabric-rdma-vf.json").is_none(),
+        "no PF has VFs configured"
+    );
 }
 
 #[test]
@@ -143,19 +165,27 @@ fn vfs_are_partitioned_with_parent_and_numa_fallback() {
     let dir = tempfile::tempdir().unwrap();
     fixtures::vf_only(dir.path());
     let specs = cdi_of(dir.path());
-    assert!(specs.get("nodefabric-rdma.json").is_none(), "a PF with VFs configured serves only through them");
+    assert!(
+        specs.get("nodefabric-rdma.json").is_none(),
+        "a PF with VFs configured serves only through them"
+    );
     let vf = &specs["nodefabric-rdma-vf.json"];
     assert_eq!(vf["kind"], "gpustack.ai/rdma-vf");
     let devices = vf["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 4);
     for d in devices {
         assert_eq!(d["annotations"]["rdma.gpustack.ai/parent"], "0000:04:00.0");
-        assert_eq!(d["annotations"]["rdma.gpustack.ai/numa"], "1", "blank VF NUMA falls back to the PF's, never 0");
+        assert_eq!(
+            d["annotations"]["rdma.gpustack.ai/numa"], "1",
+            "blank VF NUMA falls back to the PF's, never 0"
+        );
     }
     // without rdma_cm on the host the spec has no spec-level edits
     let t = tempfile::tempdir().unwrap();
     fixtures::single_port(t.path(), fixtures::UP);
-    assert!(cdi_of(t.path())["nodefabric-rdma.json"].get("containerEdits").is_none());
+    assert!(cdi_of(t.path())["nodefabric-rdma.json"]
+        .get("containerEdits")
+        .is_none());
 }
 
 #[test]
@@ -181,11 +211,21 @@ fn unresolvable_verbs_device_fails_and_keeps_the_previous_spec() {
     let o = nodefabric(&["cdi", "--sysfs-root", root]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("no verbs device for RDMA device mlx5_2"), "{err}");
-    assert!(err.contains("class/infiniband_verbs/uverbs3/ibdev = mlx5_3"), "names the places checked: {err}");
+    assert!(
+        err.contains("no verbs device for RDMA device mlx5_2"),
+        "{err}"
+    );
+    assert!(
+        err.contains("class/infiniband_verbs/uverbs3/ibdev = mlx5_3"),
+        "names the places checked: {err}"
+    );
     let o = publish();
     assert!(!o.status.success());
-    assert_eq!(fs::read(cdi_dir.join("nodefabric-rdma.json")).unwrap(), before, "no partial spec");
+    assert_eq!(
+        fs::read(cdi_dir.join("nodefabric-rdma.json")).unwrap(),
+        before,
+        "no partial spec"
+    );
 }
 
 #[test]
@@ -197,18 +237,29 @@ fn stale_specs_are_removed_and_other_files_untouched() {
     let publish = |root: &Path| {
         let o = publish_into(root, out.path(), &cdi_dir);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let mut names: Vec<String> =
-            fs::read_dir(&cdi_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut names: Vec<String> = fs::read_dir(&cdi_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
         names.sort();
         names
     };
     let vf = tempfile::tempdir().unwrap();
     fixtures::vf_only(vf.path());
-    assert_eq!(publish(vf.path()), ["nodefabric-rdma-vf.json", "vendor-gpu.json"]);
+    assert_eq!(
+        publish(vf.path()),
+        ["nodefabric-rdma-vf.json", "vendor-gpu.json"]
+    );
     let whole = tempfile::tempdir().unwrap();
     fixtures::single_port(whole.path(), fixtures::UP);
-    assert_eq!(publish(whole.path()), ["nodefabric-rdma.json", "vendor-gpu.json"]);
-    assert_eq!(fs::read_to_string(cdi_dir.join("vendor-gpu.json")).unwrap(), "{\"not\": \"ours\"}");
+    assert_eq!(
+        publish(whole.path()),
+        ["nodefabric-rdma.json", "vendor-gpu.json"]
+    );
+    assert_eq!(
+        fs::read_to_string(cdi_dir.join("vendor-gpu.json")).unwrap(),
+        "{\"not\": \"ours\"}"
+    );
 }
 
 #[test]
@@ -260,7 +311,12 @@ fn cdi_examples_are_current() {
                 fs::write(&path, &text).unwrap();
             }
             let committed = fs::read_to_string(&path).unwrap_or_default();
-            assert_eq!(committed, text, "{} is stale: rerun with NODEFABRIC_BLESS=1", path.display());
+            assert_eq!(
+                committed,
+                text,
+                "{} is stale: rerun with NODEFABRIC_BLESS=1",
+                path.display()
+            );
         }
     }
 }

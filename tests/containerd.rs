@@ -49,10 +49,17 @@ fn missing() -> Option<String> {
     if !host::is_root() {
         return Some("not root".into());
     }
-    let absent: Vec<&str> = ["containerd", "ctr", "runc", "containerd-shim-runc-v2", "sha256sum", "tar"]
-        .into_iter()
-        .filter(|c| !host::have(c))
-        .collect();
+    let absent: Vec<&str> = [
+        "containerd",
+        "ctr",
+        "runc",
+        "containerd-shim-runc-v2",
+        "sha256sum",
+        "tar",
+    ]
+    .into_iter()
+    .filter(|c| !host::have(c))
+    .collect();
     if !absent.is_empty() {
         return Some(format!("missing {}", absent.join(", ")));
     }
@@ -106,11 +113,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             .stderr(log)
             .spawn()
             .expect("start containerd");
-        let c = Containerd { child, dir: dir.to_path_buf() };
+        let c = Containerd {
+            child,
+            dir: dir.to_path_buf(),
+        };
         let image = dir.join("busybox.tar");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oci-busybox.sh");
-        let o = Command::new("bash").arg(script).arg(&image).arg(IMAGE).output().unwrap();
-        assert!(o.status.success(), "building the image: {}", String::from_utf8_lossy(&o.stderr));
+        let o = Command::new("bash")
+            .arg(script)
+            .arg(&image)
+            .arg(IMAGE)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "building the image: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         for _ in 0..100 {
             if dir.join("containerd.sock").exists() {
                 break;
@@ -118,7 +137,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             std::thread::sleep(Duration::from_millis(100));
         }
         let o = c.ctr(&["images", "import", image.to_str().unwrap()]);
-        assert!(o.status.success(), "ctr import: {}\n{}", String::from_utf8_lossy(&o.stderr), c.log());
+        assert!(
+            o.status.success(),
+            "ctr import: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            c.log()
+        );
         c
     }
 
@@ -137,7 +161,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     }
 
     async fn client(&self) -> RuntimeServiceClient<Channel> {
-        let channel = uds::connect(&self.dir.join("containerd.sock")).await.expect("dial containerd");
+        let channel = uds::connect(&self.dir.join("containerd.sock"))
+            .await
+            .expect("dial containerd");
         RuntimeServiceClient::new(channel)
     }
 }
@@ -150,27 +176,48 @@ impl Drop for Containerd {
         // Sandbox /dev/shm mounts live under the state folder until removed.
         let _ = Command::new("sh")
             .arg("-c")
-            .arg(format!("grep -o ' {}[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l", self.dir.display()))
+            .arg(format!(
+                "grep -o ' {}[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
             .status();
     }
 }
 
 /// The device plugin's Allocate answer for one token, from the real binary
 /// serving the CDI folder (with `--cdi-annotations` when `annotations`).
-async fn allocate(cdi_dir: &Path, kubelet_dir: &Path, token: &str, annotations: bool) -> api::ContainerAllocateResponse {
+async fn allocate(
+    cdi_dir: &Path,
+    kubelet_dir: &Path,
+    token: &str,
+    annotations: bool,
+) -> api::ContainerAllocateResponse {
     fs::create_dir_all(kubelet_dir).unwrap();
     let mut kubelet = kubelet::Kubelet::start(kubelet_dir);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"));
-    cmd.arg("--kubelet-dir").arg(kubelet_dir).arg("--cdi-dir").arg(cdi_dir).stderr(Stdio::null());
+    cmd.arg("--kubelet-dir")
+        .arg(kubelet_dir)
+        .arg("--cdi-dir")
+        .arg(cdi_dir)
+        .stderr(Stdio::null());
     if annotations {
         cmd.arg("--cdi-annotations");
     }
     let mut plugin = cmd.spawn().unwrap();
     let regs = kubelet.registrations(3).await;
-    let exclusive = regs.iter().find(|r| r.resource_name == "device.gpustack.ai/rdma").expect("exclusive resource registered");
-    let channel = uds::connect(&kubelet_dir.join(&exclusive.endpoint)).await.unwrap();
+    let exclusive = regs
+        .iter()
+        .find(|r| r.resource_name == "device.gpustack.ai/rdma")
+        .expect("exclusive resource registered");
+    let channel = uds::connect(&kubelet_dir.join(&exclusive.endpoint))
+        .await
+        .unwrap();
     let resp = DevicePluginClient::new(channel)
-        .allocate(api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: vec![token.into()] }] })
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![token.into()],
+            }],
+        })
         .await
         .unwrap()
         .into_inner();
@@ -184,50 +231,99 @@ async fn allocate(cdi_dir: &Path, kubelet_dir: &Path, token: &str, annotations: 
 /// Runs one container in a fresh host-network pod with what `allocation`
 /// hands over (as kubelet does: typed CDI devices and annotations), and
 /// returns the `name major:minor` lines of its `/dev/infiniband`.
-async fn run_with(ctd: &Containerd, name: &str, allocation: &api::ContainerAllocateResponse) -> Vec<String> {
+async fn run_with(
+    ctd: &Containerd,
+    name: &str,
+    allocation: &api::ContainerAllocateResponse,
+) -> Vec<String> {
     let mut client = ctd.client().await;
     let logs = ctd.dir.join("pods").join(name);
     fs::create_dir_all(&logs).unwrap();
-    let host_network = cri::NamespaceOption { network: cri::NamespaceMode::Node as i32, ..Default::default() };
+    let host_network = cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        ..Default::default()
+    };
     let sandbox = cri::PodSandboxConfig {
-        metadata: Some(cri::PodSandboxMetadata { name: name.into(), uid: format!("uid-{name}"), namespace: "default".into(), attempt: 0 }),
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
         log_directory: logs.to_str().unwrap().into(),
         linux: Some(cri::LinuxPodSandboxConfig {
-            security_context: Some(cri::LinuxSandboxSecurityContext { namespace_options: Some(host_network) }),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(host_network),
+            }),
             ..Default::default()
         }),
         ..Default::default()
     };
     let pod = client
-        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(sandbox.clone()), runtime_handler: String::new() })
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        })
         .await
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", ctd.log()))
         .into_inner()
         .pod_sandbox_id;
     let container = cri::ContainerConfig {
-        metadata: Some(cri::ContainerMetadata { name: "rdma".into(), attempt: 0 }),
-        image: Some(cri::ImageSpec { image: IMAGE.into(), ..Default::default() }),
-        command: vec!["/bin/sh".into(), "-c".into(), "for f in /dev/infiniband/*; do stat -c '%n %t:%T' $f; done".into()],
+        metadata: Some(cri::ContainerMetadata {
+            name: "rdma".into(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: IMAGE.into(),
+            ..Default::default()
+        }),
+        command: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "for f in /dev/infiniband/*; do stat -c '%n %t:%T' $f; done".into(),
+        ],
         annotations: allocation.annotations.clone(),
-        envs: allocation.envs.iter().map(|(k, v)| cri::KeyValue { key: k.clone(), value: v.clone() }).collect(),
+        envs: allocation
+            .envs
+            .iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect(),
         log_path: "rdma.log".into(),
-        cdi_devices: allocation.cdi_devices.iter().map(|d| cri::CdiDevice { name: d.name.clone() }).collect(),
+        cdi_devices: allocation
+            .cdi_devices
+            .iter()
+            .map(|d| cri::CdiDevice {
+                name: d.name.clone(),
+            })
+            .collect(),
         ..Default::default()
     };
     let id = client
-        .create_container(cri::CreateContainerRequest { pod_sandbox_id: pod.clone(), config: Some(container), sandbox_config: Some(sandbox) })
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.clone(),
+            config: Some(container),
+            sandbox_config: Some(sandbox),
+        })
         .await
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", ctd.log()))
         .into_inner()
         .container_id;
     client
-        .start_container(cri::StartContainerRequest { container_id: id.clone() })
+        .start_container(cri::StartContainerRequest {
+            container_id: id.clone(),
+        })
         .await
         .unwrap_or_else(|e| panic!("StartContainer: {e}\n{}", ctd.log()));
     let mut status = None;
     for _ in 0..300 {
         let s = client
-            .container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false })
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.clone(),
+                verbose: false,
+            })
             .await
             .unwrap()
             .into_inner()
@@ -241,11 +337,29 @@ async fn run_with(ctd: &Containerd, name: &str, allocation: &api::ContainerAlloc
     }
     let status = status.expect("the container exits within 30 s");
     let log = fs::read_to_string(logs.join("rdma.log")).unwrap_or_default();
-    assert_eq!(status.exit_code, 0, "container failed: {} {}\n{log}", status.reason, status.message);
-    client.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: pod.clone() }).await.unwrap();
-    client.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: pod }).await.unwrap();
+    assert_eq!(
+        status.exit_code, 0,
+        "container failed: {} {}\n{log}",
+        status.reason, status.message
+    );
+    client
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .unwrap();
+    client
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: pod,
+        })
+        .await
+        .unwrap();
     // CRI log lines: `<time> <stream> <tag> <text>`.
-    let mut lines: Vec<String> = log.lines().filter_map(|l| l.splitn(4, ' ').nth(3)).map(str::to_string).collect();
+    let mut lines: Vec<String> = log
+        .lines()
+        .filter_map(|l| l.splitn(4, ' ').nth(3))
+        .map(str::to_string)
+        .collect();
     lines.sort();
     lines
 }
@@ -253,21 +367,41 @@ async fn run_with(ctd: &Containerd, name: &str, allocation: &api::ContainerAlloc
 /// What the container must list for a verbs device and rdma_cm, in
 /// `stat -c '%n %t:%T'` form (hex numbers).
 fn expected(spec_devices: &[(&str, u32, u32)]) -> Vec<String> {
-    let mut v: Vec<String> = spec_devices.iter().map(|(p, ma, mi)| format!("{p} {ma:x}:{mi:x}")).collect();
+    let mut v: Vec<String> = spec_devices
+        .iter()
+        .map(|(p, ma, mi)| format!("{p} {ma:x}:{mi:x}"))
+        .collect();
     v.sort();
     v
 }
 
 #[tokio::test]
 async fn containerd_injects_the_allocated_endpoint_from_the_published_spec() {
-    if !host::runnable("containerd_injects_the_allocated_endpoint_from_the_published_spec", missing()) {
+    if !host::runnable(
+        "containerd_injects_the_allocated_endpoint_from_the_published_spec",
+        missing(),
+    ) {
         return;
     }
-    let tmp = tempfile::Builder::new().prefix("nodefabric-ctd.").tempdir().unwrap();
-    let (sys, cdi, state, features) = (tmp.path().join("sys"), tmp.path().join("cdi"), tmp.path().join("state"), tmp.path().join("features.d"));
+    let tmp = tempfile::Builder::new()
+        .prefix("nodefabric-ctd.")
+        .tempdir()
+        .unwrap();
+    let (sys, cdi, state, features) = (
+        tmp.path().join("sys"),
+        tmp.path().join("cdi"),
+        tmp.path().join("state"),
+        tmp.path().join("features.d"),
+    );
     fixtures::gpu8_switch_paired(&sys);
     let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["publish", "--sysfs-root", sys.to_str().unwrap(), "--nvidia-smi", "/nonexistent/nvidia-smi"])
+        .args([
+            "publish",
+            "--sysfs-root",
+            sys.to_str().unwrap(),
+            "--nvidia-smi",
+            "/nonexistent/nvidia-smi",
+        ])
         .arg("--cdi-dir")
         .arg(&cdi)
         .arg("--state-dir")
@@ -276,29 +410,73 @@ async fn containerd_injects_the_allocated_endpoint_from_the_published_spec() {
         .arg(&features)
         .output()
         .unwrap();
-    assert!(o.status.success(), "publish: {}", String::from_utf8_lossy(&o.stderr));
-    let published: BTreeMap<PathBuf, Vec<u8>> = fs::read_dir(&cdi).unwrap().map(|e| e.unwrap().path()).map(|p| (p.clone(), fs::read(p).unwrap())).collect();
-    let spec: serde_json::Value = serde_json::from_slice(&published[&cdi.join("nodefabric-rdma.json")]).unwrap();
+    assert!(
+        o.status.success(),
+        "publish: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let published: BTreeMap<PathBuf, Vec<u8>> = fs::read_dir(&cdi)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.clone(), fs::read(p).unwrap()))
+        .collect();
+    let spec: serde_json::Value =
+        serde_json::from_slice(&published[&cdi.join("nodefabric-rdma.json")]).unwrap();
     assert_eq!(spec["cdiVersion"], "0.6.0");
-    assert!(spec["devices"][0]["annotations"].is_object(), "the spec is fed with its annotations");
+    assert!(
+        spec["devices"][0]["annotations"].is_object(),
+        "the spec is fed with its annotations"
+    );
 
     let ctd_dir = tmp.path().join("containerd");
     fs::create_dir_all(&ctd_dir).unwrap();
     let ctd = Containerd::start(&ctd_dir, &cdi);
     // mlx5_3 is uverbs3 (231:3) in the fixture; rdma_cm is 10:58.
-    let want = expected(&[("/dev/infiniband/uverbs3", 231, 3), ("/dev/infiniband/rdma_cm", 10, 58)]);
+    let want = expected(&[
+        ("/dev/infiniband/uverbs3", 231, 3),
+        ("/dev/infiniband/rdma_cm", 10, 58),
+    ]);
 
     let typed = allocate(&cdi, &tmp.path().join("kubelet-typed"), "mlx5_3", false).await;
-    assert_eq!(typed.cdi_devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpustack.ai/rdma=mlx5_3"]);
-    assert_eq!(run_with(&ctd, "typed", &typed).await, want, "typed CDI devices");
+    assert_eq!(
+        typed
+            .cdi_devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>(),
+        ["gpustack.ai/rdma=mlx5_3"]
+    );
+    assert_eq!(
+        run_with(&ctd, "typed", &typed).await,
+        want,
+        "typed CDI devices"
+    );
 
-    let annotated = allocate(&cdi, &tmp.path().join("kubelet-annotations"), "mlx5_3", true).await;
-    assert!(annotated.cdi_devices.is_empty() && !annotated.annotations.is_empty(), "{annotated:?}");
-    assert_eq!(run_with(&ctd, "annotated", &annotated).await, want, "CDI annotations");
+    let annotated = allocate(
+        &cdi,
+        &tmp.path().join("kubelet-annotations"),
+        "mlx5_3",
+        true,
+    )
+    .await;
+    assert!(
+        annotated.cdi_devices.is_empty() && !annotated.annotations.is_empty(),
+        "{annotated:?}"
+    );
+    assert_eq!(
+        run_with(&ctd, "annotated", &annotated).await,
+        want,
+        "CDI annotations"
+    );
 
     // containerd read the published files as they are and changed none of them.
     for (path, bytes) in &published {
-        assert_eq!(&fs::read(path).unwrap(), bytes, "{} changed", path.display());
+        assert_eq!(
+            &fs::read(path).unwrap(),
+            bytes,
+            "{} changed",
+            path.display()
+        );
     }
     drop(ctd);
 }

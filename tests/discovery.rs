@@ -30,7 +30,11 @@ fn stdout(o: &Output) -> String {
 
 fn run_ok(args: &[&str]) -> String {
     let o = nodefabric(args, NOW);
-    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     stdout(&o)
 }
 
@@ -45,7 +49,12 @@ fn jq(input: &str) -> String {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("jq is installed by .ci/run");
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
@@ -65,16 +74,20 @@ fn snapshot_fixture(name: &str, build: impl FnOnce(&Path)) -> i32 {
     snapshot_settings().bind(|| {
         insta::assert_snapshot!(format!("{name}.inventory"), inventory);
         insta::assert_snapshot!(format!("{name}.features"), features);
-        insta::assert_snapshot!(format!("{name}.preflight"), format!("exit {code}\n{}", stdout(&pre)));
+        insta::assert_snapshot!(
+            format!("{name}.preflight"),
+            format!("exit {code}\n{}", stdout(&pre))
+        );
         insta::assert_snapshot!(format!("{name}.endpoints"), endpoints);
     });
     code
 }
 
 fn label_value(features: &str, key: &str) -> Option<String> {
-    features
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("feature.gpustack.ai/{key}=")).map(str::to_string))
+    features.lines().find_map(|l| {
+        l.strip_prefix(&format!("feature.gpustack.ai/{key}="))
+            .map(str::to_string)
+    })
 }
 
 fn features_of(build: impl FnOnce(&Path)) -> String {
@@ -85,7 +98,10 @@ fn features_of(build: impl FnOnce(&Path)) -> String {
 
 #[test]
 fn gpu8_switch_paired() {
-    assert_eq!(snapshot_fixture("gpu8", |d| drop(fixtures::gpu8_switch_paired(d))), 0);
+    assert_eq!(
+        snapshot_fixture("gpu8", |d| drop(fixtures::gpu8_switch_paired(d))),
+        0
+    );
     let f = features_of(|d| drop(fixtures::gpu8_switch_paired(d)));
     assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
     assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PIX"));
@@ -107,27 +123,50 @@ fn gpu8_record_shape() {
     // the storage NIC on its own root port: the root port is both its pciRootId and its only switch
     let storage = ifaces.iter().find(|i| i["rdmaDevice"] == "mlx5_8").unwrap();
     assert_eq!(storage["topology"]["pciRootId"], "0000:00:05.0");
-    assert_eq!(storage["topology"]["pciSwitches"], serde_json::json!(["0000:00:05.0"]));
+    assert_eq!(
+        storage["topology"]["pciSwitches"],
+        serde_json::json!(["0000:00:05.0"])
+    );
     // a GPU and its paired NIC share the whole path above their downstream ports
     let gpu0 = &v["spec"]["groups"][0]["accelerators"][0];
     let nic0 = ifaces.iter().find(|i| i["rdmaDevice"] == "mlx5_0").unwrap();
     assert_eq!(gpu0["topology"]["pciRootId"], nic0["topology"]["pciRootId"]);
-    assert_eq!(gpu0["topology"]["pciSwitches"][1], nic0["topology"]["pciSwitches"][1]);
-    assert_eq!(v["spec"]["groups"][0]["accelerators"].as_array().unwrap().len(), 8);
+    assert_eq!(
+        gpu0["topology"]["pciSwitches"][1],
+        nic0["topology"]["pciSwitches"][1]
+    );
+    assert_eq!(
+        v["spec"]["groups"][0]["accelerators"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8
+    );
     let eno1 = ifaces.iter().find(|i| i["name"] == "eno1").unwrap();
     assert_eq!(eno1["topology"]["pciSwitches"], serde_json::json!([]));
     assert!(eno1.get("link").is_none() && eno1["rdma"] == false);
     let lo = ifaces.iter().find(|i| i["name"] == "lo").unwrap();
-    assert_eq!((lo["virtual"].as_bool(), lo["bus"].as_str(), lo["up"].as_bool()), (Some(true), Some("virtual"), Some(true)));
+    assert_eq!(
+        (
+            lo["virtual"].as_bool(),
+            lo["bus"].as_str(),
+            lo["up"].as_bool()
+        ),
+        (Some(true), Some("virtual"), Some(true))
+    );
 }
 
 #[test]
 fn vf_only_node_is_capable_and_vfs_are_nested() {
-    assert_eq!(snapshot_fixture("vf_only", |d| drop(fixtures::vf_only(d))), 0);
+    assert_eq!(
+        snapshot_fixture("vf_only", |d| drop(fixtures::vf_only(d))),
+        0
+    );
     let dir = tempfile::tempdir().unwrap();
     fixtures::vf_only(dir.path());
     let root = dir.path().to_str().unwrap();
-    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
     let ifaces = v["spec"]["interfaces"].as_array().unwrap();
     assert_eq!(ifaces.len(), 1, "VF netdevs are not listed at top level");
     let pf = &ifaces[0];
@@ -137,15 +176,28 @@ fn vf_only_node_is_capable_and_vfs_are_nested() {
     let vfs = pf["virtualFunctions"].as_array().unwrap();
     assert_eq!(vfs.len(), 4);
     for vf in vfs {
-        assert_eq!(vf["topology"], pf["topology"], "a VF inherits its PF's bridge path");
+        assert_eq!(
+            vf["topology"], pf["topology"],
+            "a VF inherits its PF's bridge path"
+        );
         assert_eq!(vf["parent"], pf["pciBusId"]);
     }
-    assert!(vfs[0].get("numa").is_none(), "a VF keeps its own (blank) NUMA in the record");
+    assert!(
+        vfs[0].get("numa").is_none(),
+        "a VF keeps its own (blank) NUMA in the record"
+    );
     assert_eq!(vfs[2]["numa"], 1);
-    assert!(vfs[3].get("name").is_none(), "a VF without a netdev has no name");
+    assert!(
+        vfs[3].get("name").is_none(),
+        "a VF without a netdev has no name"
+    );
     let f = run_ok(&["features", "--sysfs-root", root]);
     assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
-    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("1"), "blank VF NUMA falls back to the PF's");
+    assert_eq!(
+        label_value(&f, "rdma.numa").as_deref(),
+        Some("1"),
+        "blank VF NUMA falls back to the PF's"
+    );
     assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PIX"));
 }
 
@@ -156,52 +208,105 @@ fn vf_netdev_missing_from_class_net_is_named_from_its_own_folder() {
     // VF 1's class/net entry gone (as when its entry cannot be read); VF 0
     // with a second netdev, named after its first as a listing gives it.
     std::fs::remove_file(dir.path().join("class/net/enp4s0f0v1")).unwrap();
-    let vf0 = t.pci(&[&fixtures::addr(0x00, 2, 0), &fixtures::addr(0x01, 0, 0), &fixtures::addr(0x02, 1, 0), &fixtures::addr(0x04, 0, 2)], fixtures::MELLANOX, 0x101e, fixtures::CLASS_ETH, -1);
+    let vf0 = t.pci(
+        &[
+            &fixtures::addr(0x00, 2, 0),
+            &fixtures::addr(0x01, 0, 0),
+            &fixtures::addr(0x02, 1, 0),
+            &fixtures::addr(0x04, 0, 2),
+        ],
+        fixtures::MELLANOX,
+        0x101e,
+        fixtures::CLASS_ETH,
+        -1,
+    );
     t.netdev(&vf0, "enp4s0f0v0z", 1500, true);
     let root = dir.path().to_str().unwrap();
-    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
-    let vfs = v["spec"]["interfaces"][0]["virtualFunctions"].as_array().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let vfs = v["spec"]["interfaces"][0]["virtualFunctions"]
+        .as_array()
+        .unwrap();
     let names: Vec<_> = vfs.iter().map(|vf| vf["name"].as_str()).collect();
-    assert_eq!(names, [Some("enp4s0f0v0"), Some("enp4s0f0v1"), Some("enp4s0f0v2"), None]);
+    assert_eq!(
+        names,
+        [
+            Some("enp4s0f0v0"),
+            Some("enp4s0f0v1"),
+            Some("enp4s0f0v2"),
+            None
+        ]
+    );
     assert_eq!(vfs[1]["mtu"], 1500, "read from the VF's own net folder");
 }
 
 #[test]
 fn active_defer_is_not_active() {
-    assert_eq!(snapshot_fixture("active_defer", |d| drop(fixtures::single_port(d, fixtures::DEFER))), 1);
+    assert_eq!(
+        snapshot_fixture("active_defer", |d| drop(fixtures::single_port(
+            d,
+            fixtures::DEFER
+        ))),
+        1
+    );
     let f = features_of(|d| drop(fixtures::single_port(d, fixtures::DEFER)));
     assert_eq!(f, "", "a Failed-only node publishes no rdma label");
     let f = features_of(|d| drop(fixtures::single_port(d, fixtures::UP)));
     assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
-    let f = features_of(|d| drop(fixtures::single_port(d, ("4: ACTIVE", "4: PortConfigurationTraining"))));
+    let f = features_of(|d| {
+        drop(fixtures::single_port(
+            d,
+            ("4: ACTIVE", "4: PortConfigurationTraining"),
+        ))
+    });
     assert_eq!(f, "", "ACTIVE without LinkUp is not a link");
 }
 
 #[test]
 fn every_port_down_fails_and_withholds() {
-    assert_eq!(snapshot_fixture("all_down", |d| drop(fixtures::all_ports_down(d, false))), 1);
+    assert_eq!(
+        snapshot_fixture("all_down", |d| drop(fixtures::all_ports_down(d, false))),
+        1
+    );
     // a broken NIC beside a working one keeps the label
     let f = features_of(|d| drop(fixtures::all_ports_down(d, true)));
     assert_eq!(label_value(&f, "rdma.capable").as_deref(), Some("true"));
-    assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("1"), "only usable endpoints count");
+    assert_eq!(
+        label_value(&f, "rdma.numa").as_deref(),
+        Some("1"),
+        "only usable endpoints count"
+    );
 }
 
 #[test]
 fn unreadable_port_is_unverified_not_failed() {
-    assert_eq!(snapshot_fixture("unreadable_port", |d| drop(fixtures::unreadable_port(d))), 0);
+    assert_eq!(
+        snapshot_fixture("unreadable_port", |d| drop(fixtures::unreadable_port(d))),
+        0
+    );
     let dir = tempfile::tempdir().unwrap();
     fixtures::unreadable_port(dir.path());
-    let v: serde_json::Value =
-        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()])).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&[
+        "inventory",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+    ]))
+    .unwrap();
     let link = &v["spec"]["interfaces"][0]["link"];
     assert_eq!(link["state"], "Unverified");
-    assert_eq!(link["ports"][0]["state"], "1: DOWN", "port values are verbatim");
+    assert_eq!(
+        link["ports"][0]["state"], "1: DOWN",
+        "port values are verbatim"
+    );
     assert!(link["ports"][1].get("state").is_none());
 }
 
 #[test]
 fn no_accelerator_omits_distance() {
-    assert_eq!(snapshot_fixture("no_accelerator", |d| drop(fixtures::no_accelerator(d))), 0);
+    assert_eq!(
+        snapshot_fixture("no_accelerator", |d| drop(fixtures::no_accelerator(d))),
+        0
+    );
     let f = features_of(|d| drop(fixtures::no_accelerator(d)));
     assert!(label_value(&f, "rdma.distance").is_none());
     assert_eq!(label_value(&f, "rdma.numa").as_deref(), Some("0_1"));
@@ -209,55 +314,107 @@ fn no_accelerator_omits_distance() {
 
 #[test]
 fn blank_numa_omits_numa_and_distance_is_unknown() {
-    assert_eq!(snapshot_fixture("blank_numa", |d| drop(fixtures::blank_numa(d))), 0);
+    assert_eq!(
+        snapshot_fixture("blank_numa", |d| drop(fixtures::blank_numa(d))),
+        0
+    );
     let f = features_of(|d| drop(fixtures::blank_numa(d)));
-    assert!(label_value(&f, "rdma.numa").is_none(), "never normalised to 0");
+    assert!(
+        label_value(&f, "rdma.numa").is_none(),
+        "never normalised to 0"
+    );
     assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("UNK"));
 }
 
 #[test]
 fn nested_switches_are_pxb() {
-    assert_eq!(snapshot_fixture("nested_switches", |d| drop(fixtures::nested_switches(d))), 0);
+    assert_eq!(
+        snapshot_fixture("nested_switches", |d| drop(fixtures::nested_switches(d))),
+        0
+    );
     let f = features_of(|d| drop(fixtures::nested_switches(d)));
     assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("PXB"));
 }
 
 #[test]
 fn non_pci_interface_keeps_its_own_bus() {
-    assert_eq!(snapshot_fixture("non_pci", |d| drop(fixtures::non_pci(d))), 0);
+    assert_eq!(
+        snapshot_fixture("non_pci", |d| drop(fixtures::non_pci(d))),
+        0
+    );
     let dir = tempfile::tempdir().unwrap();
     fixtures::non_pci(dir.path());
-    let v: serde_json::Value =
-        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()])).unwrap();
-    let eth0 = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "eth0").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&[
+        "inventory",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+    ]))
+    .unwrap();
+    let eth0 = v["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "eth0")
+        .unwrap();
     assert_eq!(eth0["bus"], "platform");
     assert_eq!(eth0["virtual"], false);
     assert!(eth0.get("pciBusId").is_none() && eth0.get("topology").is_none());
     assert_eq!(eth0["rdmaDevice"], "hns_0");
-    let ens3 = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "ens3").unwrap();
+    let ens3 = v["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "ens3")
+        .unwrap();
     assert_eq!(ens3["bus"], "virtio");
     let f = features_of(|d| drop(fixtures::non_pci(d)));
-    assert_eq!(label_value(&f, "rdma.distance").as_deref(), Some("UNK"), "no PCI coordinates, no distance");
+    assert_eq!(
+        label_value(&f, "rdma.distance").as_deref(),
+        Some("UNK"),
+        "no PCI coordinates, no distance"
+    );
 }
 
 #[test]
 fn escaping_link_and_oversized_attribute_are_unreadable_not_fatal() {
-    assert_eq!(snapshot_fixture("hostile", |d| drop(fixtures::hostile(d))), 0);
+    assert_eq!(
+        snapshot_fixture("hostile", |d| drop(fixtures::hostile(d))),
+        0
+    );
     let dir = tempfile::tempdir().unwrap();
     fixtures::hostile(dir.path());
-    let o = nodefabric(&["inventory", "--sysfs-root", dir.path().to_str().unwrap()], NOW);
+    let o = nodefabric(
+        &["inventory", "--sysfs-root", dir.path().to_str().unwrap()],
+        NOW,
+    );
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("evil") && err.contains("outside the sysfs root"), "{err}");
+    assert!(
+        err.contains("evil") && err.contains("outside the sysfs root"),
+        "{err}"
+    );
     let out = stdout(&o);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     // The escaping entry is recorded as unreadable, never silently dropped.
-    let evil = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "evil").unwrap();
+    let evil = v["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "evil")
+        .unwrap();
     assert_eq!(evil["unreadable"][0]["fact"], "interface");
     assert_eq!(evil["unreadable"][0]["kept"], false);
-    let big = v["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["rdmaDevice"] == "mlx5_9").unwrap();
+    let big = v["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["rdmaDevice"] == "mlx5_9")
+        .unwrap();
     assert_eq!(big["link"]["state"], "Unverified");
-    assert!(big["link"]["reason"].as_str().unwrap().contains("larger than 65536 bytes"));
+    assert!(big["link"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("larger than 65536 bytes"));
 }
 
 #[test]
@@ -265,29 +422,66 @@ fn first_seen_is_stable_while_the_failure_persists() {
     let sys = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     fixtures::all_ports_down(sys.path(), false);
-    let (root, fdir, sdir) = (sys.path().to_str().unwrap(), out.path().join("features.d"), out.path().join("state"));
+    let (root, fdir, sdir) = (
+        sys.path().to_str().unwrap(),
+        out.path().join("features.d"),
+        out.path().join("state"),
+    );
     let cdir = out.path().join("cdi");
     let publish = |now: &str| {
         let o = nodefabric(
-            &["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap(), "--cdi-dir", cdir.to_str().unwrap()],
+            &[
+                "publish",
+                "--sysfs-root",
+                root,
+                "--features-dir",
+                fdir.to_str().unwrap(),
+                "--state-dir",
+                sdir.to_str().unwrap(),
+                "--cdi-dir",
+                cdir.to_str().unwrap(),
+            ],
             now,
         );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let rec: serde_json::Value = serde_json::from_str(&fs::read_to_string(sdir.join("record.json")).unwrap()).unwrap();
-        rec["spec"]["interfaces"][0]["link"]["firstSeen"].as_str().map(str::to_string)
+        let rec: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(sdir.join("record.json")).unwrap()).unwrap();
+        rec["spec"]["interfaces"][0]["link"]["firstSeen"]
+            .as_str()
+            .map(str::to_string)
     };
-    assert_eq!(publish("2026-03-01T12:00:00Z").as_deref(), Some("2026-03-01T12:00:00Z"));
-    assert_eq!(publish("2026-03-01T13:00:00Z").as_deref(), Some("2026-03-01T12:00:00Z"));
+    assert_eq!(
+        publish("2026-03-01T12:00:00Z").as_deref(),
+        Some("2026-03-01T12:00:00Z")
+    );
+    assert_eq!(
+        publish("2026-03-01T13:00:00Z").as_deref(),
+        Some("2026-03-01T12:00:00Z")
+    );
     // inventory with the same state folder sees the same time
-    let inv = nodefabric(&["inventory", "--sysfs-root", root, "--state-dir", sdir.to_str().unwrap()], "2026-03-02T00:00:00Z");
+    let inv = nodefabric(
+        &[
+            "inventory",
+            "--sysfs-root",
+            root,
+            "--state-dir",
+            sdir.to_str().unwrap(),
+        ],
+        "2026-03-02T00:00:00Z",
+    );
     assert!(stdout(&inv).contains("\"firstSeen\": \"2026-03-01T12:00:00Z\""));
     // the link heals, then fails again: a new failure gets a new time
-    let port = sys.path().join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0/ports/1");
+    let port = sys
+        .path()
+        .join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0/ports/1");
     fs::write(port.join("state"), "4: ACTIVE\n").unwrap();
     fs::write(port.join("phys_state"), "5: LinkUp\n").unwrap();
     assert_eq!(publish("2026-03-01T14:00:00Z"), None);
     fs::write(port.join("state"), "1: DOWN\n").unwrap();
-    assert_eq!(publish("2026-03-01T15:00:00Z").as_deref(), Some("2026-03-01T15:00:00Z"));
+    assert_eq!(
+        publish("2026-03-01T15:00:00Z").as_deref(),
+        Some("2026-03-01T15:00:00Z")
+    );
 }
 
 #[test]
@@ -317,7 +511,10 @@ fn publish_writes_atomically_and_only_on_change() {
         let o = nodefabric(&a.iter().map(String::as_str).collect::<Vec<_>>(), now);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let p = fdir.join("nodefabric");
-        (fs::read_to_string(&p).unwrap(), fs::metadata(&p).unwrap().ino())
+        (
+            fs::read_to_string(&p).unwrap(),
+            fs::metadata(&p).unwrap().ino(),
+        )
     };
     let (first, ino1) = run("2026-03-01T12:00:00Z", "3m");
     snapshot_settings().bind(|| insta::assert_snapshot!("gpu8.feature-file", first));
@@ -330,7 +527,10 @@ fn publish_writes_atomically_and_only_on_change() {
     assert_ne!(ino3, ino1);
     assert!(renewed.contains("# +expiry-time=2026-03-01T12:05:00Z\n"));
     // no temp files are left behind; only our file is in the folder
-    let names: Vec<_> = fs::read_dir(&fdir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = fs::read_dir(&fdir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("nodefabric")]);
 }
 
@@ -343,7 +543,17 @@ fn failed_enumeration_keeps_the_published_file() {
     let fdir = out.path().join("features.d");
     let sdir = out.path().join("state");
     let cdir = out.path().join("cdi");
-    let args = ["publish", "--sysfs-root", root, "--features-dir", fdir.to_str().unwrap(), "--state-dir", sdir.to_str().unwrap(), "--cdi-dir", cdir.to_str().unwrap()];
+    let args = [
+        "publish",
+        "--sysfs-root",
+        root,
+        "--features-dir",
+        fdir.to_str().unwrap(),
+        "--state-dir",
+        sdir.to_str().unwrap(),
+        "--cdi-dir",
+        cdir.to_str().unwrap(),
+    ];
     assert!(nodefabric(&args, NOW).status.success());
     let before = fs::read(fdir.join("nodefabric")).unwrap();
     let state_before = fs::read(sdir.join("record.json")).unwrap();
@@ -353,7 +563,10 @@ fn failed_enumeration_keeps_the_published_file() {
     let o = nodefabric(&args, "2026-03-01T13:00:00Z");
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("class/net") && err.contains("nothing published"), "{err}");
+    assert!(
+        err.contains("class/net") && err.contains("nothing published"),
+        "{err}"
+    );
     assert_eq!(fs::read(fdir.join("nodefabric")).unwrap(), before);
     assert_eq!(fs::read(sdir.join("record.json")).unwrap(), state_before);
     // while a tree that enumerates and finds nothing publishes the empty result
@@ -378,9 +591,24 @@ fn label_namespace_is_configurable_and_validated() {
     let dir = tempfile::tempdir().unwrap();
     fixtures::single_port(dir.path(), fixtures::UP);
     let root = dir.path().to_str().unwrap();
-    let f = run_ok(&["features", "--sysfs-root", root, "--label-namespace", "rdma.example.com"]);
+    let f = run_ok(&[
+        "features",
+        "--sysfs-root",
+        root,
+        "--label-namespace",
+        "rdma.example.com",
+    ]);
     assert!(f.starts_with("rdma.example.com/rdma.capable=true\n"), "{f}");
-    let o = nodefabric(&["features", "--sysfs-root", root, "--label-namespace", "Bad_NS"], NOW);
+    let o = nodefabric(
+        &[
+            "features",
+            "--sysfs-root",
+            root,
+            "--label-namespace",
+            "Bad_NS",
+        ],
+        NOW,
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("Bad_NS"));
 }
@@ -413,11 +641,20 @@ fn real_sysfs_of_this_machine() {
     // Whatever this machine has, reading it must not fail.
     for cmd in ["inventory", "features"] {
         let o = nodefabric(&[cmd], NOW);
-        assert!(o.status.success(), "{cmd} on /sys: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{cmd} on /sys: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
     let o = nodefabric(&["preflight"], NOW);
-    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&nodefabric(&["inventory"], NOW))).unwrap();
+    assert!(
+        matches!(o.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&nodefabric(&["inventory"], NOW))).unwrap();
     assert!(v["spec"]["interfaces"].is_array());
 }
 
@@ -432,11 +669,22 @@ fn a_gpu_a_nic_lists_as_its_vf_is_still_an_accelerator() {
     let before = run_ok(&["--sysfs-root", root, "inventory"]);
     let gpu = fs::canonicalize(sys.path().join("bus/pci/devices/0000:03:00.0")).unwrap();
     let pf = fs::canonicalize(sys.path().join("class/net/enp4s0f0np0/device")).unwrap();
-    t.link(pf.strip_prefix(sys.path()).unwrap().join("virtfn9").to_str().unwrap(), gpu.strip_prefix(sys.path()).unwrap().to_str().unwrap());
-    let after: serde_json::Value = serde_json::from_str(&run_ok(&["--sysfs-root", root, "inventory"])).unwrap();
+    t.link(
+        pf.strip_prefix(sys.path())
+            .unwrap()
+            .join("virtfn9")
+            .to_str()
+            .unwrap(),
+        gpu.strip_prefix(sys.path()).unwrap().to_str().unwrap(),
+    );
+    let after: serde_json::Value =
+        serde_json::from_str(&run_ok(&["--sysfs-root", root, "inventory"])).unwrap();
     let before: serde_json::Value = serde_json::from_str(&before).unwrap();
     assert_eq!(after["spec"]["groups"], before["spec"]["groups"]);
-    assert_eq!(after["spec"]["groups"][0]["accelerators"][0]["pciBusId"], "0000:03:00.0");
+    assert_eq!(
+        after["spec"]["groups"][0]["accelerators"][0]["pciBusId"],
+        "0000:03:00.0"
+    );
 }
 
 #[test]
@@ -449,7 +697,8 @@ fn an_unreadable_cpu_list_is_not_taken_as_its_nodes_answer() {
     fs::remove_file(pf.join("local_cpulist")).unwrap();
     fs::create_dir(pf.join("local_cpulist")).unwrap();
     let root = sys.path().to_str().unwrap();
-    let v: serde_json::Value = serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&run_ok(&["inventory", "--sysfs-root", root])).unwrap();
     let pf = &v["spec"]["interfaces"][0];
     assert!(pf.get("cpuAffinity").is_none(), "{pf}");
     assert_eq!(pf["unreadable"][0]["fact"], "cpuAffinity", "{pf}");
@@ -457,6 +706,9 @@ fn an_unreadable_cpu_list_is_not_taken_as_its_nodes_answer() {
     // VFs 0 and 1 print node -1 (every online CPU), 2 and 3 node 1, as the PF.
     assert_eq!(vfs[0]["cpuAffinity"], "0-95");
     assert_eq!(vfs[1]["cpuAffinity"], "0-95");
-    assert_eq!(vfs[2]["cpuAffinity"], "24-47,72-95", "read from its own file");
+    assert_eq!(
+        vfs[2]["cpuAffinity"], "24-47,72-95",
+        "read from its own file"
+    );
     assert_eq!(vfs[3]["cpuAffinity"], "24-47,72-95");
 }

@@ -29,28 +29,54 @@ fn ok(o: Output) -> String {
 }
 
 fn label(features: &str, key: &str) -> Option<String> {
-    features.lines().find_map(|l| l.strip_prefix(&format!("feature.gpustack.ai/{key}=")).map(str::to_string))
+    features.lines().find_map(|l| {
+        l.strip_prefix(&format!("feature.gpustack.ai/{key}="))
+            .map(str::to_string)
+    })
 }
 
 /// The gpu8 fixture with an `nvidia-smi -q` text; returns (features, inventory, preflight).
-fn nvidia(fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'static str)) -> (String, String, String) {
+fn nvidia(
+    fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'static str),
+) -> (String, String, String) {
     let dir = tempfile::tempdir().unwrap();
     fixtures::gpu8_switch_paired(dir.path());
     let q = dir.path().join("nvsmi-q.txt");
     fs::write(&q, fixtures::nvsmi_q(fabric)).unwrap();
-    let args = |cmd: &'static str| vec![cmd, "--sysfs-root", dir.path().to_str().unwrap(), "--nvidia-smi-q", q.to_str().unwrap()].into_iter().map(String::from).collect::<Vec<_>>();
+    let args = |cmd: &'static str| {
+        vec![
+            cmd,
+            "--sysfs-root",
+            dir.path().to_str().unwrap(),
+            "--nvidia-smi-q",
+            q.to_str().unwrap(),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
     let run = |cmd| {
         let a = args(cmd);
         nodefabric(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    (ok(run("features")), ok(run("inventory")), String::from_utf8(run("preflight").stdout).unwrap())
+    (
+        ok(run("features")),
+        ok(run("inventory")),
+        String::from_utf8(run("preflight").stdout).unwrap(),
+    )
 }
 
 #[test]
 fn nvidia_completed_publishes_domain_with_clique() {
     let (f, inv, pre) = nvidia(|_| ("Completed", "Success", "1", UUID));
-    assert_eq!(label(&f, "fabric.domain").as_deref(), Some("nvlink-5b0e112233445566778899aabbccddef-1"));
-    assert!(label(&f, "fabric.members").is_none(), "NVIDIA reports no member count");
+    assert_eq!(
+        label(&f, "fabric.domain").as_deref(),
+        Some("nvlink-5b0e112233445566778899aabbccddef-1")
+    );
+    assert!(
+        label(&f, "fabric.members").is_none(),
+        "NVIDIA reports no member count"
+    );
     assert!(pre.contains("fabric.members: accelerators do not all report one nonzero member count"));
     settings().bind(|| {
         insta::assert_snapshot!("nvidia_completed.inventory", inv);
@@ -69,8 +95,14 @@ fn nvidia_unregistered_states_publish_nothing() {
         ("Completed", "Success", ZERO, "all zeros"),
     ] {
         let (f, inv, pre) = nvidia(move |_| (state, status, "0", uuid));
-        assert!(label(&f, "fabric.domain").is_none(), "{state}/{status}/{uuid}");
-        assert!(!inv.contains("\"fabric\""), "{state}: no fabric in the record");
+        assert!(
+            label(&f, "fabric.domain").is_none(),
+            "{state}/{status}/{uuid}"
+        );
+        assert!(
+            !inv.contains("\"fabric\""),
+            "{state}: no fabric in the record"
+        );
         assert!(pre.contains(why), "{state}: preflight says why: {pre}");
     }
 }
@@ -79,7 +111,11 @@ fn nvidia_unregistered_states_publish_nothing() {
 fn nvidia_two_cliques_withhold_the_domain() {
     let (f, inv, pre) = nvidia(|i| ("Completed", "Success", if i < 4 { "1" } else { "2" }, UUID));
     assert!(label(&f, "fabric.domain").is_none());
-    assert_eq!(inv.matches("\"kind\": \"nvlink\"").count(), 8, "each GPU keeps its own clique");
+    assert_eq!(
+        inv.matches("\"kind\": \"nvlink\"").count(),
+        8,
+        "each GPU keeps its own clique"
+    );
     assert!(pre.contains("different domains: nvlink-5b0e112233445566778899aabbccddef-1, nvlink-5b0e112233445566778899aabbccddef-2"));
 }
 
@@ -89,8 +125,16 @@ fn nvidia_unreadable_keeps_previous_fabric() {
     let out = tempfile::tempdir().unwrap();
     fixtures::gpu8_switch_paired(sys.path());
     let q = out.path().join("q.txt");
-    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID))).unwrap();
-    let (fd, sd, cd) = (out.path().join("f"), out.path().join("s"), out.path().join("c"));
+    fs::write(
+        &q,
+        fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID)),
+    )
+    .unwrap();
+    let (fd, sd, cd) = (
+        out.path().join("f"),
+        out.path().join("s"),
+        out.path().join("c"),
+    );
     let publish = |src: &[&str]| {
         let mut args = vec![
             "publish",
@@ -112,17 +156,45 @@ fn nvidia_unreadable_keeps_previous_fabric() {
     assert!(first.contains("fabric.domain=nvlink-"));
     // nvidia-smi cannot run: the domain label stays
     let again = publish(&["--nvidia-smi", "/nonexistent/nvidia-smi"]);
-    assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
+    assert_eq!(
+        label(&again, "fabric.domain"),
+        label(&first, "fabric.domain")
+    );
     // NVML asked for and absent (no driver on this machine): the domain label stays too,
     // and the inventory says why.
     let again = publish(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
-    assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
-    let inv = ok(nodefabric(&["inventory", "--sysfs-root", sys.path().to_str().unwrap(), "--state-dir", sd.to_str().unwrap(), "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]));
-    assert!(inv.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)") && inv.contains("kept from the previous pass"), "{inv}");
+    assert_eq!(
+        label(&again, "fabric.domain"),
+        label(&first, "fabric.domain")
+    );
+    let inv = ok(nodefabric(&[
+        "inventory",
+        "--sysfs-root",
+        sys.path().to_str().unwrap(),
+        "--state-dir",
+        sd.to_str().unwrap(),
+        "--nvml-lib",
+        "/nonexistent/libnvidia-ml.so.1",
+    ]));
+    assert!(
+        inv.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)")
+            && inv.contains("kept from the previous pass"),
+        "{inv}"
+    );
     // A library that loads but is not NVML (no nvmlInit symbol): the same, never a crash.
-    if let Some(libm) = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6"].into_iter().find(|p| std::path::Path::new(p).exists()) {
+    if let Some(libm) = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib/aarch64-linux-gnu/libm.so.6",
+        "/usr/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    {
         let again = publish(&["--nvml-lib", libm]);
-        assert_eq!(label(&again, "fabric.domain"), label(&first, "fabric.domain"));
+        assert_eq!(
+            label(&again, "fabric.domain"),
+            label(&first, "fabric.domain")
+        );
     }
     // a readable answer that says "not registered" removes it
     fs::write(&q, fixtures::nvsmi_q(|_| ("In Progress", "N/A", "0", ZERO))).unwrap();
@@ -136,7 +208,13 @@ fn nvidia_smi_q_parse_errors_name_the_line() {
     fixtures::gpu8_switch_paired(dir.path());
     let q = dir.path().join("bad.txt");
     fs::write(&q, "GPU 0000:zz:00.0\n    Fabric\n").unwrap();
-    let o = nodefabric(&["preflight", "--sysfs-root", dir.path().to_str().unwrap(), "--nvidia-smi-q", q.to_str().unwrap()]);
+    let o = nodefabric(&[
+        "preflight",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+        "--nvidia-smi-q",
+        q.to_str().unwrap(),
+    ]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("nvidia-smi -q line 1"));
 }
 
@@ -144,25 +222,42 @@ fn amd(hives: &[Option<&str>]) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
     fixtures::amd_hives(dir.path(), hives);
     let root = dir.path().to_str().unwrap();
-    (ok(nodefabric(&["features", "--sysfs-root", root])), ok(nodefabric(&["inventory", "--sysfs-root", root])))
+    (
+        ok(nodefabric(&["features", "--sysfs-root", root])),
+        ok(nodefabric(&["inventory", "--sysfs-root", root])),
+    )
 }
 
 #[test]
 fn amd_xgmi_hives() {
     let (f, inv) = amd(&[Some("1234567890123"), Some("1234567890123")]);
-    assert_eq!(label(&f, "fabric.domain").as_deref(), Some("xgmi-1234567890123"));
+    assert_eq!(
+        label(&f, "fabric.domain").as_deref(),
+        Some("xgmi-1234567890123")
+    );
     settings().bind(|| insta::assert_snapshot!("amd_one_hive.inventory", inv));
     let (f, _) = amd(&[Some("11"), Some("22")]);
-    assert!(label(&f, "fabric.domain").is_none(), "two hives: no single answer");
+    assert!(
+        label(&f, "fabric.domain").is_none(),
+        "two hives: no single answer"
+    );
     let (f, inv) = amd(&[Some("0"), Some("0")]);
-    assert!(label(&f, "fabric.domain").is_none() && !inv.contains("\"kind\": \"xgmi\""), "hive 0 is no hive");
+    assert!(
+        label(&f, "fabric.domain").is_none() && !inv.contains("\"kind\": \"xgmi\""),
+        "hive 0 is no hive"
+    );
     let (f, _) = amd(&[Some("11"), None]);
-    assert!(label(&f, "fabric.domain").is_none(), "one GPU without a hive");
+    assert!(
+        label(&f, "fabric.domain").is_none(),
+        "one GPU without a hive"
+    );
 }
 
 /// An independent FNV-1a 64 (written apart from the library's).
 fn fnv1a64(s: &str) -> String {
-    let h = s.bytes().fold(14695981039346656037u64, |h, b| (h ^ b as u64).wrapping_mul(1099511628211));
+    let h = s.bytes().fold(14695981039346656037u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(1099511628211)
+    });
     format!("x{h:016x}")
 }
 
@@ -181,9 +276,18 @@ fn ascend(json: &str) -> (String, String, String) {
     let file = dir.path().join("ascend.json");
     fs::write(&file, json).unwrap();
     let root = dir.path().to_str().unwrap();
-    let a = ["--sysfs-root", root, "--ascend-fabric", file.to_str().unwrap()];
+    let a = [
+        "--sysfs-root",
+        root,
+        "--ascend-fabric",
+        file.to_str().unwrap(),
+    ];
     let run = |cmd: &str| nodefabric(&[&[cmd][..], &a[..]].concat());
-    (ok(run("features")), ok(run("inventory")), String::from_utf8(run("preflight").stdout).unwrap())
+    (
+        ok(run("features")),
+        ok(run("inventory")),
+        String::from_utf8(run("preflight").stdout).unwrap(),
+    )
 }
 
 fn npu(shape: &str, id: u64, size: u64, index: u64, rack: u64) -> String {
@@ -200,18 +304,32 @@ fn ascend_super_pod_shapes() {
     assert_eq!(label(&f, "fabric.members").as_deref(), Some("64"));
     settings().bind(|| insta::assert_snapshot!("ascend_pod.inventory", inv));
     let (f, _, _) = ascend(&npu("server-8p", 7, 64, 3, BAD));
-    assert_eq!(label(&f, "fabric.domain").as_deref(), Some("ub-7"), "a super server");
+    assert_eq!(
+        label(&f, "fabric.domain").as_deref(),
+        Some("ub-7"),
+        "a super server"
+    );
     let (f, inv, pre) = ascend(&npu("server-8p", BAD, BAD, BAD, BAD));
     assert!(label(&f, "fabric.domain").is_none() && label(&f, "fabric.members").is_none());
-    assert!(inv.contains("\"type\": \"server-8p\"") && inv.contains("000102030405060708090a0b0c0d0e0f"), "kind, type, endpoints travel");
+    assert!(
+        inv.contains("\"type\": \"server-8p\"") && inv.contains("000102030405060708090a0b0c0d0e0f"),
+        "kind, type, endpoints travel"
+    );
     assert!(pre.contains("is in no super pod"));
     let (f, _, _) = ascend(&npu("card-4p", 7, BAD, 0, 0));
     assert!(label(&f, "fabric.domain").is_none());
     let (f, _, _) = ascend(&npu("server-16p", 7, 64, 0, 0));
-    assert!(label(&f, "fabric.domain").is_none(), "server-16p is never in a super pod");
+    assert!(
+        label(&f, "fabric.domain").is_none(),
+        "server-16p is never in a super pod"
+    );
     let (f, inv, _) = ascend(&npu("pod-2d", 9, BAD, BAD, 2));
     assert_eq!(label(&f, "fabric.domain").as_deref(), Some("ub-9"));
-    assert!(label(&f, "fabric.members").is_none() && !inv.contains("nodeIndex") && inv.contains("\"rackId\": 2"));
+    assert!(
+        label(&f, "fabric.members").is_none()
+            && !inv.contains("nodeIndex")
+            && inv.contains("\"rackId\": 2")
+    );
 }
 
 #[test]
@@ -219,8 +337,18 @@ fn ascend_input_is_parsed_strictly() {
     let dir = tempfile::tempdir().unwrap();
     fixtures::non_pci(dir.path());
     let file = dir.path().join("ascend.json");
-    fs::write(&file, npu("pod-1d", 7, 64, 3, 1).replace("000102030405060708090a0b0c0d0e0f", "0001020304050607")).unwrap();
-    let o = nodefabric(&["preflight", "--sysfs-root", dir.path().to_str().unwrap(), "--ascend-fabric", file.to_str().unwrap()]);
+    fs::write(
+        &file,
+        npu("pod-1d", 7, 64, 3, 1).replace("000102030405060708090a0b0c0d0e0f", "0001020304050607"),
+    )
+    .unwrap();
+    let o = nodefabric(&[
+        "preflight",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+        "--ascend-fabric",
+        file.to_str().unwrap(),
+    ]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("is not 32 lowercase hex characters"));
 }
 
@@ -228,11 +356,27 @@ fn ascend_input_is_parsed_strictly() {
 fn mixed_vendor_node_has_no_single_domain() {
     let dir = tempfile::tempdir().unwrap();
     let t = fixtures::gpu8_switch_paired(dir.path());
-    let amd = t.pci(&[&fixtures::addr(0x00, 9, 0), &fixtures::addr(0x09, 0, 0)], fixtures::AMD, 0x74a1, fixtures::CLASS_ACCEL, 0);
+    let amd = t.pci(
+        &[&fixtures::addr(0x00, 9, 0), &fixtures::addr(0x09, 0, 0)],
+        fixtures::AMD,
+        0x74a1,
+        fixtures::CLASS_ACCEL,
+        0,
+    );
     t.write(&format!("{amd}/xgmi_hive_info/xgmi_hive_id"), "77");
     let q = dir.path().join("q.txt");
-    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID))).unwrap();
-    let f = ok(nodefabric(&["features", "--sysfs-root", dir.path().to_str().unwrap(), "--nvidia-smi-q", q.to_str().unwrap()]));
+    fs::write(
+        &q,
+        fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID)),
+    )
+    .unwrap();
+    let f = ok(nodefabric(&[
+        "features",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+        "--nvidia-smi-q",
+        q.to_str().unwrap(),
+    ]));
     assert!(label(&f, "fabric.domain").is_none());
     assert_eq!(label(&f, "rdma.capable").as_deref(), Some("true"));
 }
@@ -241,10 +385,19 @@ fn mixed_vendor_node_has_no_single_domain() {
 fn cambricon_has_no_domain() {
     let dir = tempfile::tempdir().unwrap();
     let t = fixtures::Tree::new(dir.path());
-    t.pci(&[&fixtures::addr(0x00, 1, 0), &fixtures::addr(0x01, 0, 0)], 0xcabc, 0x0590, fixtures::CLASS_ACCEL, 0);
+    t.pci(
+        &[&fixtures::addr(0x00, 1, 0), &fixtures::addr(0x01, 0, 0)],
+        0xcabc,
+        0x0590,
+        fixtures::CLASS_ACCEL,
+        0,
+    );
     let o = nodefabric(&["preflight", "--sysfs-root", dir.path().to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("cambricon") && out.contains("reports no domain identity"), "{out}");
+    assert!(
+        out.contains("cambricon") && out.contains("reports no domain identity"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -256,9 +409,20 @@ fn without_nvml_the_default_falls_back_to_nvidia_smi_on_path() {
     let bin = dir.path().join("bin");
     fs::create_dir(&bin).unwrap();
     let q = dir.path().join("q.txt");
-    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "3", UUID))).unwrap();
+    fs::write(
+        &q,
+        fixtures::nvsmi_q(|_| ("Completed", "Success", "3", UUID)),
+    )
+    .unwrap();
     let fake = bin.join("nvidia-smi");
-    fs::write(&fake, format!("#!/bin/sh\n[ \"$1\" = -q ] && exec /bin/cat {}\nexit 9\n", q.display())).unwrap();
+    fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = -q ] && exec /bin/cat {}\nexit 9\n",
+            q.display()
+        ),
+    )
+    .unwrap();
     fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
         .args(["features", "--sysfs-root", sys.to_str().unwrap()])
@@ -266,5 +430,8 @@ fn without_nvml_the_default_falls_back_to_nvidia_smi_on_path() {
         .output()
         .unwrap();
     let f = ok(o);
-    assert_eq!(label(&f, "fabric.domain").as_deref(), Some("nvlink-5b0e112233445566778899aabbccddef-3"));
+    assert_eq!(
+        label(&f, "fabric.domain").as_deref(),
+        Some("nvlink-5b0e112233445566778899aabbccddef-3")
+    );
 }

@@ -7,11 +7,11 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
-#[path = "support/mount.rs"]
-mod mount;
 #[path = "support/host.rs"]
 #[allow(dead_code)]
 mod host;
+#[path = "support/mount.rs"]
+mod mount;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -59,7 +59,13 @@ enum Form {
 }
 
 /// The forms that make a file attribute unreadable.
-const FILE_FORMS: [Form; 5] = [Form::Folder, Form::Dangling, Form::Fifo, Form::Huge, Form::Garbage];
+const FILE_FORMS: [Form; 5] = [
+    Form::Folder,
+    Form::Dangling,
+    Form::Fifo,
+    Form::Huge,
+    Form::Garbage,
+];
 /// The forms that make a folder unreadable.
 const FOLDER_FORMS: [Form; 3] = [Form::Dangling, Form::Fifo, Form::File];
 
@@ -76,7 +82,12 @@ fn break_path(path: &Path, form: Form) {
         Form::Fifo => {
             let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
             // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo {}", path.display());
+            assert_eq!(
+                unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+                0,
+                "mkfifo {}",
+                path.display()
+            );
         }
         Form::Huge => fs::write(path, "1".repeat(70 * 1024)).unwrap(),
         Form::File => fs::write(path, "not a folder\n").unwrap(),
@@ -107,15 +118,30 @@ impl Node {
         fs::create_dir(&sys).unwrap();
         build(&sys);
         let out = dir.path().join("out");
-        Node { sys, out, _dir: dir }
+        Node {
+            sys,
+            out,
+            _dir: dir,
+        }
     }
 
     fn dir(&self, name: &str) -> String {
         self.out.join(name).to_str().unwrap().to_string()
     }
 
-    fn args<'a>(&'a self, cmd: &'a str, dirs: &'a [String; 3], extra: &'a [&'a str]) -> Vec<&'a str> {
-        let mut a = vec![cmd, "--sysfs-root", self.sys.to_str().unwrap(), "--state-dir", &dirs[2]];
+    fn args<'a>(
+        &'a self,
+        cmd: &'a str,
+        dirs: &'a [String; 3],
+        extra: &'a [&'a str],
+    ) -> Vec<&'a str> {
+        let mut a = vec![
+            cmd,
+            "--sysfs-root",
+            self.sys.to_str().unwrap(),
+            "--state-dir",
+            &dirs[2],
+        ];
         if cmd == "publish" {
             a.extend(["--features-dir", &dirs[0], "--cdi-dir", &dirs[1]]);
         }
@@ -131,15 +157,28 @@ impl Node {
     fn publish(&self, extra: &[&str]) -> Published {
         let dirs = self.dirs();
         let o = nodefabric(&self.args("publish", &dirs, extra));
-        assert!(o.status.success(), "publish failed: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "publish failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let features = fs::read_to_string(self.out.join("features.d/nodefabric")).unwrap();
-        let labels = features.lines().filter(|l| !l.starts_with('#')).map(str::to_string).collect();
+        let labels = features
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect();
         let mut devices = BTreeSet::new();
         for entry in fs::read_dir(self.out.join("cdi")).unwrap() {
             let path = entry.unwrap().path();
-            let spec: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+            let spec: serde_json::Value =
+                serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
             for d in spec["devices"].as_array().unwrap() {
-                devices.insert(format!("{}: {}", path.file_name().unwrap().to_string_lossy(), d["name"].as_str().unwrap()));
+                devices.insert(format!(
+                    "{}: {}",
+                    path.file_name().unwrap().to_string_lossy(),
+                    d["name"].as_str().unwrap()
+                ));
             }
         }
         Published { labels, devices }
@@ -149,7 +188,11 @@ impl Node {
     fn preflight(&self, extra: &[&str]) -> String {
         let dirs = self.dirs();
         let o = nodefabric(&self.args("preflight", &dirs, extra));
-        assert!(o.status.code().is_some_and(|c| c < 2), "preflight errored: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.code().is_some_and(|c| c < 2),
+            "preflight errored: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         String::from_utf8(o.stdout).unwrap()
     }
 
@@ -161,16 +204,31 @@ impl Node {
 
 /// Runs one row of the table: publish, break `target(node)` with `form`,
 /// publish again, and hold the rule.
-fn row(fault: &str, build: fn(&Path) -> fixtures::Tree, target: impl Fn(&Node) -> PathBuf, form: Form, fact: &str) {
+fn row(
+    fault: &str,
+    build: fn(&Path) -> fixtures::Tree,
+    target: impl Fn(&Node) -> PathBuf,
+    form: Form,
+    fact: &str,
+) {
     let node = Node::new(|d| drop(build(d)));
     let before = node.publish(&[]);
-    assert!(!before.devices.is_empty(), "{fault}: the fixture publishes CDI devices");
+    assert!(
+        !before.devices.is_empty(),
+        "{fault}: the fixture publishes CDI devices"
+    );
     break_path(&target(&node), form);
     let after = node.publish(&[]);
     let lost_labels: Vec<_> = before.labels.difference(&after.labels).collect();
     let lost_devices: Vec<_> = before.devices.difference(&after.devices).collect();
-    assert!(lost_labels.is_empty(), "{fault} as {form:?}: labels lost: {lost_labels:?}");
-    assert!(lost_devices.is_empty(), "{fault} as {form:?}: CDI devices (tokens) lost: {lost_devices:?}");
+    assert!(
+        lost_labels.is_empty(),
+        "{fault} as {form:?}: labels lost: {lost_labels:?}"
+    );
+    assert!(
+        lost_devices.is_empty(),
+        "{fault} as {form:?}: CDI devices (tokens) lost: {lost_devices:?}"
+    );
     let report = node.preflight(&[]);
     assert!(
         report.contains(&format!("{fact}: kept from the previous pass:")),
@@ -182,10 +240,19 @@ fn row(fault: &str, build: fn(&Path) -> fixtures::Tree, target: impl Fn(&Node) -
 fn fifos_planted_where_publish_reads_its_own_files_are_replaced_not_waited_on() {
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
     let before = node.publish(&[]);
-    let spec = fs::read_dir(node.out.join("cdi")).unwrap().next().unwrap().unwrap().path();
+    let spec = fs::read_dir(node.out.join("cdi"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     // The previous record, the feature file and a spec: each read back by
     // the next pass, which used to open them blocking.
-    for planted in [node.out.join("state/record.json"), node.out.join("features.d/nodefabric"), spec] {
+    for planted in [
+        node.out.join("state/record.json"),
+        node.out.join("features.d/nodefabric"),
+        spec,
+    ] {
         break_path(&planted, Form::Fifo);
     }
     let dirs = node.dirs();
@@ -204,34 +271,60 @@ fn fifos_planted_where_publish_reads_its_own_files_are_replaced_not_waited_on() 
     assert!(status.success());
     // Everything is published again, as regular files.
     assert_eq!(node.publish(&[]), before);
-    assert!(fs::metadata(node.out.join("features.d/nodefabric")).unwrap().is_file());
+    assert!(fs::metadata(node.out.join("features.d/nodefabric"))
+        .unwrap()
+        .is_file());
 }
 
 #[test]
 fn unreadable_sriov_numvfs_keeps_partitioned_tokens() {
     for form in FILE_FORMS {
-        row("sriov_numvfs", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("sriov_numvfs"), form, "virtualFunctionsConfigured");
+        row(
+            "sriov_numvfs",
+            fixtures::vf_only,
+            |n| n.device_of("enp4s0f0np0").join("sriov_numvfs"),
+            form,
+            "virtualFunctionsConfigured",
+        );
     }
 }
 
 #[test]
 fn unreadable_sriov_totalvfs_keeps_partitioned_tokens() {
     for form in FILE_FORMS {
-        row("sriov_totalvfs", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("sriov_totalvfs"), form, "physicalFunction");
+        row(
+            "sriov_totalvfs",
+            fixtures::vf_only,
+            |n| n.device_of("enp4s0f0np0").join("sriov_totalvfs"),
+            form,
+            "physicalFunction",
+        );
     }
 }
 
 #[test]
 fn unreadable_infiniband_folder_keeps_the_rdma_device() {
     for form in FOLDER_FORMS {
-        row("device/infiniband", fixtures::gpu8_switch_paired, |n| n.device_of("enp19s0np0").join("infiniband"), form, "rdmaDevice");
+        row(
+            "device/infiniband",
+            fixtures::gpu8_switch_paired,
+            |n| n.device_of("enp19s0np0").join("infiniband"),
+            form,
+            "rdmaDevice",
+        );
     }
 }
 
 #[test]
 fn unreadable_numa_node_keeps_the_numa_label() {
     for form in FILE_FORMS {
-        row("numa_node", fixtures::no_accelerator, |n| n.device_of("enp1s0np0").join("numa_node"), form, "numa");
+        row(
+            "numa_node",
+            fixtures::no_accelerator,
+            |n| n.device_of("enp1s0np0").join("numa_node"),
+            form,
+            "numa",
+        );
     }
 }
 
@@ -240,27 +333,51 @@ fn unreadable_local_cpulist_keeps_the_cpu_affinity() {
     // The PF reads node 1's list first (the other functions on its node
     // take it from there), so the fault is met where it is read.
     for form in FILE_FORMS {
-        row("local_cpulist", fixtures::vf_only, |n| n.device_of("enp4s0f0np0").join("local_cpulist"), form, "cpuAffinity");
+        row(
+            "local_cpulist",
+            fixtures::vf_only,
+            |n| n.device_of("enp4s0f0np0").join("local_cpulist"),
+            form,
+            "cpuAffinity",
+        );
     }
 }
 
 #[test]
 fn unreadable_operstate_keeps_up() {
     for form in FILE_FORMS {
-        row("operstate", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0/operstate"), form, "up");
+        row(
+            "operstate",
+            fixtures::gpu8_switch_paired,
+            |n| n.sys.join("class/net/enp19s0np0/operstate"),
+            form,
+            "up",
+        );
     }
 }
 
 #[test]
 fn unreadable_nic_folder_keeps_the_whole_interface() {
     for form in FOLDER_FORMS {
-        row("class/net entry", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0"), form, "interface");
+        row(
+            "class/net entry",
+            fixtures::gpu8_switch_paired,
+            |n| n.sys.join("class/net/enp19s0np0"),
+            form,
+            "interface",
+        );
     }
 }
 
 #[test]
 fn unreadable_nic_device_link_keeps_the_whole_interface() {
-    row("device link", fixtures::gpu8_switch_paired, |n| n.sys.join("class/net/enp19s0np0/device"), Form::Dangling, "interface");
+    row(
+        "device link",
+        fixtures::gpu8_switch_paired,
+        |n| n.sys.join("class/net/enp19s0np0/device"),
+        Form::Dangling,
+        "interface",
+    );
 }
 
 /// One GPU and one NIC whose link is up.
@@ -271,7 +388,13 @@ fn single_port_up(d: &Path) -> fixtures::Tree {
 #[test]
 fn unreadable_accelerator_vendor_keeps_the_distance_label() {
     for form in FILE_FORMS {
-        row("accelerator vendor", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/vendor"), form, "accelerator");
+        row(
+            "accelerator vendor",
+            single_port_up,
+            |n| n.sys.join("bus/pci/devices/0000:03:00.0/vendor"),
+            form,
+            "accelerator",
+        );
     }
 }
 
@@ -279,7 +402,13 @@ fn unreadable_accelerator_vendor_keeps_the_distance_label() {
 fn unreadable_accelerator_class_keeps_the_distance_label() {
     // The class is read only once the vendor names an accelerator maker.
     for form in FILE_FORMS {
-        row("accelerator class", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/class"), form, "accelerator");
+        row(
+            "accelerator class",
+            single_port_up,
+            |n| n.sys.join("bus/pci/devices/0000:03:00.0/class"),
+            form,
+            "accelerator",
+        );
     }
 }
 
@@ -287,7 +416,13 @@ fn unreadable_accelerator_class_keeps_the_distance_label() {
 fn unreadable_accelerator_numa_node_is_kept() {
     // The accelerator's NUMA node feeds no label on its own; the rule still holds.
     for form in FILE_FORMS {
-        row("accelerator numa_node", single_port_up, |n| n.sys.join("bus/pci/devices/0000:03:00.0/numa_node"), form, "numa");
+        row(
+            "accelerator numa_node",
+            single_port_up,
+            |n| n.sys.join("bus/pci/devices/0000:03:00.0/numa_node"),
+            form,
+            "numa",
+        );
     }
 }
 
@@ -303,9 +438,15 @@ fn a_kernel_blank_numa_is_an_answer_not_an_unreadable_fact() {
 #[test]
 fn no_previous_record_leaves_an_unreadable_fact_unknown() {
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
-    break_path(&node.device_of("enp4s0f0np0").join("sriov_numvfs"), Form::Fifo);
+    break_path(
+        &node.device_of("enp4s0f0np0").join("sriov_numvfs"),
+        Form::Fifo,
+    );
     let report = node.preflight(&[]);
-    assert!(report.contains("virtualFunctionsConfigured: unknown (no previous pass to keep it from)"), "{report}");
+    assert!(
+        report.contains("virtualFunctionsConfigured: unknown (no previous pass to keep it from)"),
+        "{report}"
+    );
 }
 
 /// The previous record is what keeps facts: a state folder's record is read
@@ -314,14 +455,31 @@ fn no_previous_record_leaves_an_unreadable_fact_unknown() {
 fn kept_facts_are_marked_in_the_record() {
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
     node.publish(&[]);
-    break_path(&node.device_of("enp4s0f0np0").join("sriov_numvfs"), Form::Dangling);
+    break_path(
+        &node.device_of("enp4s0f0np0").join("sriov_numvfs"),
+        Form::Dangling,
+    );
     node.publish(&[]);
-    let record: serde_json::Value = serde_json::from_str(&fs::read_to_string(node.out.join("state/record.json")).unwrap()).unwrap();
-    let pf = &record["spec"]["interfaces"].as_array().unwrap().iter().find(|i| i["name"] == "enp4s0f0np0").unwrap().clone();
+    let record: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(node.out.join("state/record.json")).unwrap())
+            .unwrap();
+    let pf = &record["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "enp4s0f0np0")
+        .unwrap()
+        .clone();
     assert_eq!(pf["virtualFunctionsConfigured"], 4);
     assert_eq!(pf["unreadable"][0]["fact"], "virtualFunctionsConfigured");
     assert_eq!(pf["unreadable"][0]["kept"], true);
-    assert!(pf["unreadable"][0]["reason"].as_str().unwrap().contains("dangling link"), "{pf}");
+    assert!(
+        pf["unreadable"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("dangling link"),
+        "{pf}"
+    );
 }
 
 const UUID: &str = "5b0e1122-3344-5566-7788-99aabbccddef";
@@ -350,7 +508,10 @@ fn nvidia_smi_q_xml_is_a_first_class_answer() {
     let xml = node.out.with_file_name("q.xml");
     fs::write(&xml, nvsmi_xml(8)).unwrap();
     let p = node.publish(&["--nvidia-smi-q", xml.to_str().unwrap()]);
-    assert_eq!(domain(&p).map(String::as_str), Some("feature.gpustack.ai/fabric.domain=nvlink-5b0e112233445566778899aabbccddef-1"));
+    assert_eq!(
+        domain(&p).map(String::as_str),
+        Some("feature.gpustack.ai/fabric.domain=nvlink-5b0e112233445566778899aabbccddef-1")
+    );
 }
 
 #[test]
@@ -368,14 +529,24 @@ fn nvidia_smi_answer_that_is_not_q_output_keeps_the_domain() {
         ("truncated text", text[..cut].to_string()),
         ("truncated XML", nvsmi_xml(8)[..400].to_string()),
         ("XML announcing more GPUs than it holds", nvsmi_xml(3)),
-        ("another tool's text", "Mon Mar  2 12:00:00 2026\nNo devices were found\n".into()),
+        (
+            "another tool's text",
+            "Mon Mar  2 12:00:00 2026\nNo devices were found\n".into(),
+        ),
     ];
     for (what, answer) in bad {
         fs::write(&q, answer).unwrap();
         let after = node.publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
-        assert_eq!(domain(&after), domain(&before), "{what}: fabric.domain lost");
+        assert_eq!(
+            domain(&after),
+            domain(&before),
+            "{what}: fabric.domain lost"
+        );
         let report = node.preflight(&["--nvidia-smi-q", q.to_str().unwrap()]);
-        assert!(report.contains("fabric unreadable, kept from the previous pass"), "{what}:\n{report}");
+        assert!(
+            report.contains("fabric unreadable, kept from the previous pass"),
+            "{what}:\n{report}"
+        );
     }
 }
 
@@ -383,40 +554,78 @@ fn nvidia_smi_answer_that_is_not_q_output_keeps_the_domain() {
 fn hung_nvidia_smi_is_killed_after_the_timeout_and_keeps_the_domain() {
     let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
     let q = node.out.with_file_name("q.txt");
-    fs::write(&q, fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID))).unwrap();
+    fs::write(
+        &q,
+        fixtures::nvsmi_q(|_| ("Completed", "Success", "1", UUID)),
+    )
+    .unwrap();
     let before = node.publish(&["--nvidia-smi-q", q.to_str().unwrap()]);
     let hang = node.out.with_file_name("nvidia-smi");
     fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
     fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let after = node.publish(&["--nvidia-smi", hang.to_str().unwrap(), "--tool-timeout", "1s"]);
+    let after = node.publish(&[
+        "--nvidia-smi",
+        hang.to_str().unwrap(),
+        "--tool-timeout",
+        "1s",
+    ]);
     assert_eq!(domain(&after), domain(&before));
-    let report = node.preflight(&["--nvidia-smi", hang.to_str().unwrap(), "--tool-timeout", "1s"]);
-    assert!(report.contains("did not answer within 1s, killed"), "{report}");
+    let report = node.preflight(&[
+        "--nvidia-smi",
+        hang.to_str().unwrap(),
+        "--tool-timeout",
+        "1s",
+    ]);
+    assert!(
+        report.contains("did not answer within 1s, killed"),
+        "{report}"
+    );
 }
 
 #[test]
 fn fabric_warning_is_printed_once_per_pass_not_per_gpu() {
     let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
     let dirs = node.dirs();
-    let o = nodefabric(&node.args("preflight", &dirs, &["--nvidia-smi", "/nonexistent/nvidia-smi"]));
+    let o = nodefabric(&node.args(
+        "preflight",
+        &dirs,
+        &["--nvidia-smi", "/nonexistent/nvidia-smi"],
+    ));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.matches("NVIDIA fabric unreadable").count(), 1, "{err}");
     assert!(err.contains("no previous answer to keep"), "{err}");
     // `rails` and `cdi` do not use the fabric: they do not ask for it or warn about it.
-    let o = nodefabric(&["cdi", "--sysfs-root", node.sys.to_str().unwrap(), "--nvidia-smi", "/nonexistent/nvidia-smi"]);
+    let o = nodefabric(&[
+        "cdi",
+        "--sysfs-root",
+        node.sys.to_str().unwrap(),
+        "--nvidia-smi",
+        "/nonexistent/nvidia-smi",
+    ]);
     assert!(o.status.success());
-    assert!(!String::from_utf8_lossy(&o.stderr).contains("fabric"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("fabric"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
 fn published_files_are_0644_and_readable_by_an_unprivileged_user() {
-    if !host::runnable("published_files_are_0644_and_readable_by_an_unprivileged_user", (!host::is_root()).then(|| "needs root to switch to uid 65534".to_string())) {
+    if !host::runnable(
+        "published_files_are_0644_and_readable_by_an_unprivileged_user",
+        (!host::is_root()).then(|| "needs root to switch to uid 65534".to_string()),
+    ) {
         return;
     }
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
     // The temp folder is private to its creator; the nodefabric folders below
     // it are created by publish itself, as on a node.
-    fs::set_permissions(node.out.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    fs::set_permissions(
+        node.out.parent().unwrap(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     node.publish(&[]);
     let mut files = Vec::new();
     for sub in ["features.d", "cdi"] {
@@ -426,12 +635,22 @@ fn published_files_are_0644_and_readable_by_an_unprivileged_user() {
     }
     assert!(files.len() >= 2, "{files:?}");
     for f in files {
-        let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&f).unwrap().permissions()) & 0o777;
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&f).unwrap().permissions())
+                & 0o777;
         assert_eq!(mode, 0o644, "{} has mode {mode:o}", f.display());
-        let o = std::os::unix::process::CommandExt::gid(std::os::unix::process::CommandExt::uid(Command::new("cat").arg(&f), 65534), 65534)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "uid 65534 cannot read {}: {}", f.display(), String::from_utf8_lossy(&o.stderr));
+        let o = std::os::unix::process::CommandExt::gid(
+            std::os::unix::process::CommandExt::uid(Command::new("cat").arg(&f), 65534),
+            65534,
+        )
+        .output()
+        .unwrap();
+        assert!(
+            o.status.success(),
+            "uid 65534 cannot read {}: {}",
+            f.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 }
 
@@ -444,14 +663,27 @@ fn publish_fails_before_writing_anything_when_a_later_folder_is_unwritable() {
     fs::write(node.out.join("cdi"), "").unwrap();
     let o = nodefabric(&node.args("publish", &dirs, &[]));
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("cdi"), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!node.out.join("features.d/nodefabric").exists(), "the first folder's file was written before the second folder failed");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cdi"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !node.out.join("features.d/nodefabric").exists(),
+        "the first folder's file was written before the second folder failed"
+    );
 }
 
 #[test]
 fn publish_off_sys_requires_every_folder() {
     let node = Node::new(|d| drop(fixtures::vf_only(d)));
-    let o = nodefabric(&["publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &node.dir("f")]);
+    let o = nodefabric(&[
+        "publish",
+        "--sysfs-root",
+        node.sys.to_str().unwrap(),
+        "--features-dir",
+        &node.dir("f"),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--cdi-dir, --state-dir"), "{err}");
@@ -459,13 +691,29 @@ fn publish_off_sys_requires_every_folder() {
 
 #[test]
 fn out_of_range_durations_are_usage_errors_naming_the_flag() {
-    for (flag, value) in [("--interval", "0s"), ("--interval", "0"), ("--expiry", "8000y"), ("--tool-timeout", "0s")] {
-        let mut args = vec!["publish", "--features-dir", "/nonexistent/f", "--cdi-dir", "/nonexistent/c", "--state-dir", "/nonexistent/s"];
+    for (flag, value) in [
+        ("--interval", "0s"),
+        ("--interval", "0"),
+        ("--expiry", "8000y"),
+        ("--tool-timeout", "0s"),
+    ] {
+        let mut args = vec![
+            "publish",
+            "--features-dir",
+            "/nonexistent/f",
+            "--cdi-dir",
+            "/nonexistent/c",
+            "--state-dir",
+            "/nonexistent/s",
+        ];
         args.extend([flag, value]);
         let o = nodefabric(&args);
         assert_eq!(o.status.code(), Some(2), "{flag} {value}");
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains(flag) && !err.contains("panicked"), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{flag} {value}: {err}"
+        );
     }
 }
 
@@ -474,7 +722,13 @@ fn broken_pipe_exits_quietly() {
     // Larger than a pipe's buffer, so the writer is still writing when the reader hangs up.
     let node = Node::new(|d| drop(fixtures::large(d, 256)));
     let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["inventory", "--sysfs-root", node.sys.to_str().unwrap(), "--nvidia-smi", "/nonexistent/nvidia-smi"])
+        .args([
+            "inventory",
+            "--sysfs-root",
+            node.sys.to_str().unwrap(),
+            "--nvidia-smi",
+            "/nonexistent/nvidia-smi",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -486,7 +740,10 @@ fn broken_pipe_exits_quietly() {
     drop(out);
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!err.contains("panicked") && !err.contains("error:"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("error:"),
+        "{err}"
+    );
     assert!(o.status.success(), "{:?} {err}", o.status);
 }
 
@@ -502,13 +759,21 @@ fn each_error_is_printed_once_with_its_cause_once() {
 fn version_names_the_commit() {
     let o = nodefabric(&["--version"]);
     let v = String::from_utf8_lossy(&o.stdout);
-    assert!(v.starts_with("nodefabric ") && v.contains("(commit "), "{v}");
+    assert!(
+        v.starts_with("nodefabric ") && v.contains("(commit "),
+        "{v}"
+    );
 }
 
 /// The NIC device folder of `single_port`, root-relative (for adding to the fixture).
 fn nic_dir(node: &Node, ifname: &str) -> String {
     let sys = fs::canonicalize(&node.sys).unwrap();
-    node.device_of(ifname).strip_prefix(sys).unwrap().to_str().unwrap().to_string()
+    node.device_of(ifname)
+        .strip_prefix(sys)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -518,24 +783,47 @@ fn two_netdevs_on_one_rdma_device_give_one_cdi_device() {
     let t = fixtures::Tree::new(&node.sys);
     t.netdev(&nic_dir(&node, "enp4s0np0"), "enp4s0np1", 4200, true);
     let p = node.publish(&[]);
-    assert_eq!(p.devices.iter().filter(|d| d.ends_with(": mlx5_0")).count(), 1, "{p:?}");
-    let spec: serde_json::Value = serde_json::from_str(&fs::read_to_string(node.out.join("cdi/nodefabric-rdma.json")).unwrap()).unwrap();
-    assert_eq!(spec["devices"][0]["annotations"]["rdma.gpustack.ai/interface"], "enp4s0np0+enp4s0np1");
+    assert_eq!(
+        p.devices.iter().filter(|d| d.ends_with(": mlx5_0")).count(),
+        1,
+        "{p:?}"
+    );
+    let spec: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(node.out.join("cdi/nodefabric-rdma.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        spec["devices"][0]["annotations"]["rdma.gpustack.ai/interface"],
+        "enp4s0np0+enp4s0np1"
+    );
 }
 
 #[test]
 fn rdma_device_name_outside_the_cdi_grammar_is_refused_and_never_written() {
     let node = Node::new(|d| drop(fixtures::Tree::new(d)));
     let t = fixtures::Tree::new(&node.sys);
-    let nic = t.pci(&[&fixtures::addr(0, 1, 0), &fixtures::addr(1, 0, 0)], fixtures::MELLANOX, 0x1017, fixtures::CLASS_ETH, 0);
+    let nic = t.pci(
+        &[&fixtures::addr(0, 1, 0), &fixtures::addr(1, 0, 0)],
+        fixtures::MELLANOX,
+        0x1017,
+        fixtures::CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp1s0np0", 1500, true);
     t.rdma(&nic, "mlx5_0,gpu=all", &[fixtures::UP]);
     let dirs = node.dirs();
     let o = nodefabric(&node.args("publish", &dirs, &[]));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("\"mlx5_0,gpu=all\" is not a valid CDI device name"), "{err}");
-    assert_eq!(err.matches("mlx5_0,gpu=all").count(), 1, "the error is printed once: {err}");
+    assert!(
+        err.contains("\"mlx5_0,gpu=all\" is not a valid CDI device name"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("mlx5_0,gpu=all").count(),
+        1,
+        "the error is printed once: {err}"
+    );
     assert!(!node.out.join("cdi/nodefabric-rdma.json").exists());
 }
 
@@ -543,7 +831,13 @@ fn rdma_device_name_outside_the_cdi_grammar_is_refused_and_never_written() {
 fn unreadable_vf_keeps_its_partitioned_token() {
     for form in [Form::Dangling, Form::File] {
         // The VF's own folder is gone or replaced; the PF's virtfn link still names it.
-        row("VF folder", fixtures::vf_only, |n| fs::canonicalize(n.device_of("enp4s0f0np0").join("virtfn0")).unwrap(), form, "interface");
+        row(
+            "VF folder",
+            fixtures::vf_only,
+            |n| fs::canonicalize(n.device_of("enp4s0f0np0").join("virtfn0")).unwrap(),
+            form,
+            "interface",
+        );
     }
 }
 
@@ -564,20 +858,41 @@ fn hung_nvidia_smi_and_lldpctl_fail_the_rail_pass_after_the_timeout_instead_of_h
     hung_tool(&bin, "lldpctl");
     let rails = |extra: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-        c.args(["rails", "--sysfs-root", node.sys.to_str().unwrap(), "--interface-regex", "^enp([0-9]+)s0np0$", "--rail-id", "r$1", "--tool-timeout", "1s"])
-            .args(extra)
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .env_remove("KUBECONFIG");
+        c.args([
+            "rails",
+            "--sysfs-root",
+            node.sys.to_str().unwrap(),
+            "--interface-regex",
+            "^enp([0-9]+)s0np0$",
+            "--rail-id",
+            "r$1",
+            "--tool-timeout",
+            "1s",
+        ])
+        .args(extra)
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env_remove("KUBECONFIG");
         c.output().unwrap()
     };
     // lldpctl from PATH hangs.
     let o = rails(&[]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("lldpctl -f json did not answer within 1s, killed"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("lldpctl -f json did not answer within 1s, killed"),
+        "{err}"
+    );
     // nvidia-smi hangs while rail ports come from their names.
-    let o = rails(&["--rail-source", "interface-name", "--nvidia-smi", smi.to_str().unwrap()]);
+    let o = rails(&[
+        "--rail-source",
+        "interface-name",
+        "--nvidia-smi",
+        smi.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("did not answer within 1s, killed"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("did not answer within 1s, killed"),
+        "{err}"
+    );
 }
 
 /// `GET path` on 127.0.0.1:`port`: the status and the body, or `None` while
@@ -585,11 +900,20 @@ fn hung_nvidia_smi_and_lldpctl_fail_the_rail_pass_after_the_timeout_instead_of_h
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let status = out.split(' ').nth(1)?.parse().ok()?;
-    Some((status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+    Some((
+        status,
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
 }
 
 #[test]
@@ -599,30 +923,62 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     fs::create_dir_all(&host_cdi).unwrap();
     let (_held, mounted) = mount::held(&host_cdi);
     let mounted = mounted.to_str().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dirs = node.dirs();
     let health = format!("127.0.0.1:{port}");
     let mut child = spawn_quiet(&[
-        "publish", "--sysfs-root", node.sys.to_str().unwrap(), "--features-dir", &dirs[0], "--cdi-dir", mounted,
-        "--state-dir", &dirs[2], "--interval", "1s", "--health-addr", &health,
+        "publish",
+        "--sysfs-root",
+        node.sys.to_str().unwrap(),
+        "--features-dir",
+        &dirs[0],
+        "--cdi-dir",
+        mounted,
+        "--state-dir",
+        &dirs[2],
+        "--interval",
+        "1s",
+        "--health-addr",
+        &health,
     ]);
     let until = |what: &str, ok: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !ok() {
-            assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting until {what}"
+            );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     };
-    until("a pass published", &|| http_get(port, "/readyz").is_some_and(|(s, _)| s == 200));
+    until("a pass published", &|| {
+        http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
     assert_eq!(http_get(port, "/livez").unwrap().0, 200);
-    assert!(fs::read_dir(&host_cdi).unwrap().next().is_some(), "specs written through the mount");
+    assert!(
+        fs::read_dir(&host_cdi).unwrap().next().is_some(),
+        "specs written through the mount"
+    );
     // The host replaces the folder: the mount still holds the deleted one.
     fs::remove_dir_all(&host_cdi).unwrap();
     fs::create_dir(&host_cdi).unwrap();
-    until("liveness fails", &|| http_get(port, "/livez").is_some_and(|(s, _)| s == 503));
+    until("liveness fails", &|| {
+        http_get(port, "/livez").is_some_and(|(s, _)| s == 503)
+    });
     let (_, why) = http_get(port, "/livez").unwrap();
-    assert!(why.contains(mounted) && why.contains("deleted on the host"), "{why}");
-    assert_eq!(http_get(port, "/readyz").unwrap().0, 503, "no pass can publish");
+    assert!(
+        why.contains(mounted) && why.contains("deleted on the host"),
+        "{why}"
+    );
+    assert_eq!(
+        http_get(port, "/readyz").unwrap().0,
+        503,
+        "no pass can publish"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -23,13 +23,20 @@ fn missing() -> Option<String> {
     if !host::is_root() {
         return Some("not root".into());
     }
-    let absent: Vec<&str> = ["ip", "lldpd", "lldpctl"].into_iter().filter(|c| !host::have(c)).collect();
+    let absent: Vec<&str> = ["ip", "lldpd", "lldpctl"]
+        .into_iter()
+        .filter(|c| !host::have(c))
+        .collect();
     (!absent.is_empty()).then(|| format!("missing {}", absent.join(", ")))
 }
 
 fn sh(args: &[&str]) {
     let o = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Two namespaces, the "host" and the "switch", removed on drop with their
@@ -44,12 +51,31 @@ struct Lab {
 impl Lab {
     fn new(ports: &[&str]) -> Lab {
         let id = std::process::id();
-        let lab = Lab { host: format!("nf-host-{id}"), switch: format!("nf-sw-{id}"), daemons: vec![], dir: tempfile::tempdir().unwrap() };
+        let lab = Lab {
+            host: format!("nf-host-{id}"),
+            switch: format!("nf-sw-{id}"),
+            daemons: vec![],
+            dir: tempfile::tempdir().unwrap(),
+        };
         sh(&["ip", "netns", "add", &lab.host]);
         sh(&["ip", "netns", "add", &lab.switch]);
         for (i, port) in ports.iter().enumerate() {
             let peer = format!("swp{i}");
-            sh(&["ip", "link", "add", port, "netns", &lab.host, "type", "veth", "peer", "name", &peer, "netns", &lab.switch]);
+            sh(&[
+                "ip",
+                "link",
+                "add",
+                port,
+                "netns",
+                &lab.host,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer,
+                "netns",
+                &lab.switch,
+            ]);
             sh(&["ip", "-n", &lab.host, "link", "set", port, "up"]);
             sh(&["ip", "-n", &lab.switch, "link", "set", &peer, "up"]);
         }
@@ -83,7 +109,12 @@ impl Lab {
     fn wait_for_neighbours(&self, ports: &[&str]) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let o = Command::new("lldpctl").arg("-u").arg(self.socket(&self.host)).args(["-f", "json"]).output().unwrap();
+            let o = Command::new("lldpctl")
+                .arg("-u")
+                .arg(self.socket(&self.host))
+                .args(["-f", "json"])
+                .output()
+                .unwrap();
             if o.status.success() {
                 let v: Value = serde_json::from_slice(&o.stdout).unwrap();
                 let seen = nodefabric::rails::lldp::interfaces(&v).unwrap();
@@ -91,7 +122,10 @@ impl Lab {
                     return v;
                 }
             }
-            assert!(Instant::now() < deadline, "no LLDP neighbours on {ports:?} after 20 s");
+            assert!(
+                Instant::now() < deadline,
+                "no LLDP neighbours on {ports:?} after 20 s"
+            );
             std::thread::sleep(Duration::from_millis(250));
         }
     }
@@ -116,7 +150,12 @@ fn rails(root: &Path, socket: &Path) -> std::process::Output {
         .arg(root)
         .arg("--lldp-socket")
         .arg(socket)
-        .args(["--interface-regex", "^eth_r([0-9]+)_p[0-9]+$", "--rail-id", "rail$1"])
+        .args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+        ])
         .output()
         .unwrap()
 }
@@ -148,24 +187,48 @@ fn real_lldpd_neighbours_become_rails() {
         json!({"0000:13:00.0": ["rail0"], "0000:23:00.0": ["rail0"], "0000:93:00.0": ["rail2"]}),
         "only ports with a neighbour, named by the template"
     );
-    assert_eq!(r["gpus"][0]["rails"]["rail0"], json!({"nics": ["0000:13:00.0"], "pathClass": "PIX"}));
-    assert_eq!(r["gpus"][1]["rails"]["rail0"], json!({"nics": ["0000:23:00.0"], "pathClass": "PIX"}));
-    assert_eq!(r["gpus"][0]["rails"]["rail2"], json!({"nics": ["0000:93:00.0"], "pathClass": "SYS"}));
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail0"],
+        json!({"nics": ["0000:13:00.0"], "pathClass": "PIX"})
+    );
+    assert_eq!(
+        r["gpus"][1]["rails"]["rail0"],
+        json!({"nics": ["0000:23:00.0"], "pathClass": "PIX"})
+    );
+    assert_eq!(
+        r["gpus"][0]["rails"]["rail2"],
+        json!({"nics": ["0000:93:00.0"], "pathClass": "SYS"})
+    );
 
     // One neighbour left: lldpctl switches to the single-object shape, read the same way.
-    let _ = Command::new("ip").args(["-n", &host, "link", "del", "eth_r0_p1"]).status();
-    let _ = Command::new("ip").args(["-n", &host, "link", "del", "eth_r2_p0"]).status();
+    let _ = Command::new("ip")
+        .args(["-n", &host, "link", "del", "eth_r0_p1"])
+        .status();
+    let _ = Command::new("ip")
+        .args(["-n", &host, "link", "del", "eth_r2_p0"])
+        .status();
     let deadline = Instant::now() + Duration::from_secs(20);
     let single = loop {
-        let o = Command::new("lldpctl").arg("-u").arg(lab.socket(&host)).args(["-f", "json"]).output().unwrap();
+        let o = Command::new("lldpctl")
+            .arg("-u")
+            .arg(lab.socket(&host))
+            .args(["-f", "json"])
+            .output()
+            .unwrap();
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         if v["lldp"]["interface"].is_object() {
             break v;
         }
-        assert!(Instant::now() < deadline, "lldpctl still lists several neighbours: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "lldpctl still lists several neighbours: {v}"
+        );
         std::thread::sleep(Duration::from_millis(250));
     };
-    assert!(single["lldp"]["interface"].get("eth_r0_p0").is_some(), "{single}");
+    assert!(
+        single["lldp"]["interface"].get("eth_r0_p0").is_some(),
+        "{single}"
+    );
     let o = rails(&root, &lab.socket(&host));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -27,18 +27,34 @@ fn the_example_rule_matches_labels_nodefabric_writes() {
         .unwrap()
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect();
 
     let mut checked = 0;
     for r in rule["spec"]["rules"].as_array().unwrap() {
         for m in r["matchFeatures"].as_array().unwrap() {
-            assert_eq!(m["feature"], "local.label", "the local source is where features.d labels appear");
+            assert_eq!(
+                m["feature"], "local.label",
+                "the local source is where features.d labels appear"
+            );
             for (key, expr) in m["matchExpressions"].as_object().unwrap() {
-                let value = labels.get(key).unwrap_or_else(|| panic!("{key} is not a label nodefabric writes: {labels:?}"));
+                let value = labels.get(key).unwrap_or_else(|| {
+                    panic!("{key} is not a label nodefabric writes: {labels:?}")
+                });
                 assert_eq!(expr["op"], "In");
-                let allowed: Vec<&str> = expr["value"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-                assert!(allowed.contains(&value.as_str()), "{key}={value} not in {allowed:?}");
+                let allowed: Vec<&str> = expr["value"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect();
+                assert!(
+                    allowed.contains(&value.as_str()),
+                    "{key}={value} not in {allowed:?}"
+                );
                 checked += 1;
             }
         }

@@ -16,7 +16,9 @@ fn text() -> String {
 }
 
 fn xml() -> String {
-    let mut s = String::from("<?xml version=\"1.0\" ?>\n<nvidia_smi_log>\n<attached_gpus>2</attached_gpus>\n");
+    let mut s = String::from(
+        "<?xml version=\"1.0\" ?>\n<nvidia_smi_log>\n<attached_gpus>2</attached_gpus>\n",
+    );
     for bus in ["12", "22"] {
         s.push_str(&format!(
             "<gpu id=\"00000000:{bus}:00.0\">\n<fabric>\n<state>Completed</state>\n<status>Success</status>\n<cliqueId>1</cliqueId>\n<clusterUuid>{UUID}</clusterUuid>\n</fabric>\n</gpu>\n"
@@ -32,7 +34,9 @@ fn announced(answer: &str) -> Option<usize> {
         let rest = &answer[i + "<attached_gpus>".len()..];
         return rest[..rest.find('<')?].trim().parse().ok();
     }
-    let line = answer.lines().find(|l| l.trim_start().starts_with("Attached GPUs"))?;
+    let line = answer
+        .lines()
+        .find(|l| l.trim_start().starts_with("Attached GPUs"))?;
     line.split_once(':')?.1.trim().parse().ok()
 }
 

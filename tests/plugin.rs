@@ -6,10 +6,10 @@
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
-#[path = "support/mount.rs"]
-mod mount;
 #[path = "support/kubelet.rs"]
 mod kubelet;
+#[path = "support/mount.rs"]
+mod mount;
 
 use kubelet::{within, Kubelet};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
@@ -66,7 +66,12 @@ impl Plugin {
 
     /// Opens a ListAndWatch stream on `socket`, as kubelet does after registering.
     async fn watch(&self, socket: &str) -> Streaming<api::ListAndWatchResponse> {
-        self.client(socket).await.list_and_watch(api::Empty {}).await.unwrap().into_inner()
+        self.client(socket)
+            .await
+            .list_and_watch(api::Empty {})
+            .await
+            .unwrap()
+            .into_inner()
     }
 
     /// Every line logged so far.
@@ -891,13 +896,11 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
     // Until the kubelet restarts it, it serves the tokens it had.
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
     let metrics = http_get(&addr, "/metrics").1;
-    assert!(
-        metrics.contains("cause=\"folder_deleted\"} 1"),
-        "{metrics}"
-    );
+    assert!(metrics.contains("cause=\"folder_deleted\"} 1"), "{metrics}");
     let (_, log) = plugin.terminate();
     assert_eq!(
-        log.matches("was deleted on the host while mounted here").count(),
+        log.matches("was deleted on the host while mounted here")
+            .count(),
         1,
         "one line for both families: {log}"
     );
@@ -981,10 +984,18 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
 /// on a free port and a 100 ms poll, started beside a kubelet stand-in on
 /// `d`'s kubelet folder: once all three resources registered and /readyz
 /// said 200. Gives the kubelet, the plugin and the probes' address.
-async fn ready_with_probes(d: &Dirs, kubelet_dir: &Path, cdi_dir: &Path) -> (Kubelet, Plugin, String) {
+async fn ready_with_probes(
+    d: &Dirs,
+    kubelet_dir: &Path,
+    cdi_dir: &Path,
+) -> (Kubelet, Plugin, String) {
     let addr = free_addr();
     let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(kubelet_dir, cdi_dir, &["--metrics-addr", &addr, "--poll-interval", "100ms"]);
+    let plugin = Plugin::start(
+        kubelet_dir,
+        cdi_dir,
+        &["--metrics-addr", &addr, "--poll-interval", "100ms"],
+    );
     kubelet.registrations(3).await;
     eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
     (kubelet, plugin, addr)
@@ -1154,9 +1165,7 @@ async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_strea
     // At most MAX_STREAMS (8) streams per resource: the slow one plus seven.
     let mut held = Vec::new();
     for _ in 0..7 {
-        held.push(
-            plugin.watch(SHARED).await,
-        );
+        held.push(plugin.watch(SHARED).await);
     }
     let refused = plugin
         .client(SHARED)

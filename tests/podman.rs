@@ -29,7 +29,10 @@ fn missing() -> Option<String> {
     if !host::is_root() {
         return Some("not root".into());
     }
-    let absent: Vec<&str> = ["podman", "runc", "unshare"].into_iter().filter(|c| !host::have(c)).collect();
+    let absent: Vec<&str> = ["podman", "runc", "unshare"]
+        .into_iter()
+        .filter(|c| !host::have(c))
+        .collect();
     if !absent.is_empty() {
         return Some(format!("missing {}", absent.join(", ")));
     }
@@ -37,7 +40,10 @@ fn missing() -> Option<String> {
 }
 
 fn ensure_image() {
-    let exists = Command::new("podman").args(["image", "exists", IMAGE]).status().unwrap();
+    let exists = Command::new("podman")
+        .args(["image", "exists", IMAGE])
+        .status()
+        .unwrap();
     if exists.success() {
         return;
     }
@@ -49,9 +55,27 @@ fn ensure_image() {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     let tar = dir.path().join("root.tar");
-    assert!(Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&tar).arg(".").status().unwrap().success());
-    let o = Command::new("podman").arg("import").arg("-q").arg(&tar).arg(IMAGE).output().unwrap();
-    assert!(o.status.success(), "podman import: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    let o = Command::new("podman")
+        .arg("import")
+        .arg("-q")
+        .arg(&tar)
+        .arg(IMAGE)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "podman import: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Writes the fixture's specs, downgraded for podman 4.3, into `dir`.
@@ -89,9 +113,18 @@ fn injected(spec_dir: &Path, devices: &[&str]) -> Vec<String> {
     for d in devices {
         cmd.args(["--device", d]);
     }
-    cmd.args([IMAGE, "/bin/sh", "-c", "for f in /dev/infiniband/*; do stat -c '%n %t %T %F' \"$f\"; done"]);
+    cmd.args([
+        IMAGE,
+        "/bin/sh",
+        "-c",
+        "for f in /dev/infiniband/*; do stat -c '%n %t %T %F' \"$f\"; done",
+    ]);
     let o = cmd.output().unwrap();
-    assert!(o.status.success(), "podman run: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "podman run: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8(o.stdout)
         .unwrap()
         .lines()
@@ -99,7 +132,12 @@ fn injected(spec_dir: &Path, devices: &[&str]) -> Vec<String> {
             let f: Vec<&str> = l.splitn(4, ' ').collect();
             assert_eq!(f[3], "character special file", "{l}");
             let hex = |s: &str| u32::from_str_radix(s, 16).unwrap();
-            format!("{} {}:{}", f[0].trim_start_matches("/dev/infiniband/"), hex(f[1]), hex(f[2]))
+            format!(
+                "{} {}:{}",
+                f[0].trim_start_matches("/dev/infiniband/"),
+                hex(f[1]),
+                hex(f[2])
+            )
         })
         .collect()
 }
@@ -115,16 +153,25 @@ fn podman_injects_exactly_the_granted_endpoints() {
     fixtures::gpu8_switch_paired(sys.path());
     write_specs(sys.path(), specs.path());
     assert_eq!(
-        injected(specs.path(), &["gpustack.ai/rdma=mlx5_0", "gpustack.ai/rdma=mlx5_3"]),
+        injected(
+            specs.path(),
+            &["gpustack.ai/rdma=mlx5_0", "gpustack.ai/rdma=mlx5_3"]
+        ),
         ["rdma_cm 10:58", "uverbs0 231:0", "uverbs3 231:3"],
         "two endpoints, rdma_cm once, nothing else"
     );
-    assert_eq!(injected(specs.path(), &["gpustack.ai/rdma=mlx5_9"]), ["rdma_cm 10:58", "uverbs9 231:9"]);
+    assert_eq!(
+        injected(specs.path(), &["gpustack.ai/rdma=mlx5_9"]),
+        ["rdma_cm 10:58", "uverbs9 231:9"]
+    );
 
     // partitioned: one VF of the VF-only node (mlx5_2 is its second verbs device)
     let sys = tempfile::tempdir().unwrap();
     let specs = tempfile::tempdir().unwrap();
     fixtures::vf_only(sys.path());
     write_specs(sys.path(), specs.path());
-    assert_eq!(injected(specs.path(), &["gpustack.ai/rdma-vf=mlx5_2"]), ["rdma_cm 10:58", "uverbs1 231:1"]);
+    assert_eq!(
+        injected(specs.path(), &["gpustack.ai/rdma-vf=mlx5_2"]),
+        ["rdma_cm 10:58", "uverbs1 231:1"]
+    );
 }

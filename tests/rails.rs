@@ -496,9 +496,19 @@ fn a_values_file_larger_than_a_configmap_is_refused_naming_it() {
     // before it is parsed, and never read whole.
     let big = format!("enabled: true\n#{}\n", "x".repeat(1 << 20));
     let p = n.write("huge.yaml", &big);
-    let o = n.rails(&["--rails-config", p.to_str().unwrap(), "--lldp-json", lldp_file.to_str().unwrap()]);
+    let o = n.rails(&[
+        "--rails-config",
+        p.to_str().unwrap(),
+        "--lldp-json",
+        lldp_file.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("huge.yaml") && err.contains("larger than 1048576 bytes"), "{err}");
+    assert!(
+        !o.status.success()
+            && err.contains("huge.yaml")
+            && err.contains("larger than 1048576 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -506,19 +516,39 @@ fn a_fifo_nobody_writes_to_fails_the_pass_within_the_tool_timeout_instead_of_han
     let n = Node::new();
     let lldp_file = n.lldp(&ALL_RAIL_PORTS);
     let fifo = n.root.parent().unwrap().join("stalled.fifo");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let (fifo_s, lldp_s) = (fifo.to_str().unwrap(), lldp_file.to_str().unwrap());
     // As the values file, and as the saved LLDP table: each given up on
     // after --tool-timeout, naming the path, where the open used to block.
-    let rails = ["--interface-regex", "^eth_r([0-9]+)_p[0-9]+$", "--rail-id", "rail$1"];
-    for given in [vec!["--rails-config", fifo_s, "--lldp-json", lldp_s], [&rails[..], &["--lldp-json", fifo_s]].concat()] {
+    let rails = [
+        "--interface-regex",
+        "^eth_r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+    ];
+    for given in [
+        vec!["--rails-config", fifo_s, "--lldp-json", lldp_s],
+        [&rails[..], &["--lldp-json", fifo_s]].concat(),
+    ] {
         let start = std::time::Instant::now();
         let mut a = vec!["--tool-timeout", "1s"];
         a.extend(&given);
         let o = n.rails(&a);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && err.contains("stalled.fifo") && err.contains("not written to its end within 1s"), "{given:?}: {err}");
-        assert!(start.elapsed() < std::time::Duration::from_secs(20), "{given:?}");
+        assert!(
+            !o.status.success()
+                && err.contains("stalled.fifo")
+                && err.contains("not written to its end within 1s"),
+            "{given:?}: {err}"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{given:?}"
+        );
     }
 }
 

@@ -86,7 +86,10 @@ fn build(root: &Path, links: &[Link]) {
         let folder = root.join(path_of(&l.at));
         let at = folder.join(NAMES[l.name]);
         if fs::symlink_metadata(&at).is_err() {
-            let _ = std::os::unix::fs::symlink(format!("{}{}", "../".repeat(l.up), path_of(&l.rest)), at);
+            let _ = std::os::unix::fs::symlink(
+                format!("{}{}", "../".repeat(l.up), path_of(&l.rest)),
+                at,
+            );
         }
     }
 }

@@ -40,16 +40,26 @@ impl Replay {
     /// The vendor answers the captured pass used; `Ok(None)` for an archive
     /// from before captures held them, an error for a file that is not one.
     pub fn answers(&self) -> Result<Option<crate::fabric::answers::Answers>, String> {
-        let path = self.folder.path().join(VENDOR).join(crate::fabric::answers::FILE);
+        let path = self
+            .folder
+            .path()
+            .join(VENDOR)
+            .join(crate::fabric::answers::FILE);
         match fs::symlink_metadata(&path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("vendor/{}: {e}", crate::fabric::answers::FILE)),
             // Unpack wrote only folders, files and checked links; a link here
             // is still not an answer.
-            Ok(m) if !m.is_file() => return Err(format!("vendor/{}: not a regular file", crate::fabric::answers::FILE)),
+            Ok(m) if !m.is_file() => {
+                return Err(format!(
+                    "vendor/{}: not a regular file",
+                    crate::fabric::answers::FILE
+                ))
+            }
             Ok(_) => {}
         }
-        let bytes = fs::read(&path).map_err(|e| format!("vendor/{}: {e}", crate::fabric::answers::FILE))?;
+        let bytes =
+            fs::read(&path).map_err(|e| format!("vendor/{}: {e}", crate::fabric::answers::FILE))?;
         crate::fabric::answers::Answers::from_bytes(&bytes).map(Some)
     }
 }

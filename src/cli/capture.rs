@@ -19,7 +19,10 @@ pub(super) fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
     let root = crate::sysfs::SysRoot::recording(&cli.sysfs_root)
         .with_context(|| format!("opening sysfs tree {}", cli.sysfs_root.display()))?;
     let recorder = fabric::answers::Recorder::default();
-    let sources = fabric::Sources { recorder: Some(recorder.clone()), ..cli.fabric_sources() };
+    let sources = fabric::Sources {
+        recorder: Some(recorder.clone()),
+        ..cli.fabric_sources()
+    };
     pass::run_on(&root, None, pass::now()?, Some(&sources))
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
     let recorded = root.recorded();
@@ -31,6 +34,11 @@ pub(super) fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
     }
     let (dir, name) = folder_and_name(&args.out, "--out")?;
     let path = publish::write_atomic(dir, name, &bytes)?;
-    eprintln!("captured {} entries into {} ({} bytes)", recorded.len(), path.display(), bytes.len());
+    eprintln!(
+        "captured {} entries into {} ({} bytes)",
+        recorded.len(),
+        path.display(),
+        bytes.len()
+    );
     Ok(())
 }

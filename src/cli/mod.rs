@@ -28,7 +28,13 @@ pub use rails::{RailArgs, RailsCommand};
 pub struct Cli {
     /// The sysfs tree to read: the live /sys, a copy of one, or a
     /// `nodefabric capture` archive (.tar.gz), unpacked to a temp folder.
-    #[arg(long, global = true, default_value = "/sys", env = "NODEFABRIC_SYSFS_ROOT", value_name = "DIR")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "/sys",
+        env = "NODEFABRIC_SYSFS_ROOT",
+        value_name = "DIR"
+    )]
     pub sysfs_root: PathBuf,
 
     /// Replaying a capture: refuse an archive of more entries than this.
@@ -47,7 +53,12 @@ pub struct Cli {
 
     /// The nvidia-smi to run instead of the one on PATH: `-q` for the NVLink
     /// fabric, `--query-gpu` and `topo -m` for rails.
-    #[arg(long, global = true, value_name = "PATH", conflicts_with = "nvidia_smi_q")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        conflicts_with = "nvidia_smi_q"
+    )]
     pub nvidia_smi: Option<PathBuf>,
 
     /// NVIDIA fabric: read NVML from this library only (by default NVML is
@@ -85,9 +96,9 @@ pub struct Cli {
     pub replayed_answers: Option<fabric::answers::Answers>,
 }
 
+use crate::names::duration_in;
 /// Kept here for callers that name it through the command line module.
 pub use crate::names::parse_namespace;
-use crate::names::duration_in;
 
 fn parse_tool_timeout(s: &str) -> Result<Duration, String> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
@@ -115,7 +126,9 @@ pub enum Command {
     /// `nvidia-smi topo -m` where present, else from the PCIe walk. Fails,
     /// naming the rail and GPU, on an unknown path class or a rail with no
     /// qualified NIC.
-    #[command(after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'")]
+    #[command(
+        after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'"
+    )]
     Rails(RailsCommand),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
@@ -129,7 +142,9 @@ pub enum Command {
     /// records of deleted or replaced Nodes; with --rails-record
     /// custom-resource, delete the NodeRailRecords of such Nodes instead.
     /// Runs until SIGTERM (exit 0).
-    #[command(after_help = "Examples:\n  nodefabric observe --rails-configmap nodefabric/nodefabric-rails --owner-deployment nodefabric-observer\n  nodefabric observe --rails-record custom-resource")]
+    #[command(
+        after_help = "Examples:\n  nodefabric observe --rails-configmap nodefabric/nodefabric-rails --owner-deployment nodefabric-observer\n  nodefabric observe --rails-record custom-resource"
+    )]
     Observe(cluster::args::ObserveArgs),
     /// Print the NodeRailRecord CustomResourceDefinition (YAML), derived
     /// from the rail record's Rust types: what `--rails-record
@@ -161,8 +176,14 @@ pub fn main() -> ExitCode {
 /// must name every folder it writes: the defaults are this host's live NFD,
 /// CDI and state folders, and a replay must never write into them by accident.
 fn require_folders_off_sys(cli: &Cli, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-    let Some(("publish", sub)) = matches.subcommand() else { return Ok(()) };
-    if cli.sysfs_root.components().eq(Path::new("/sys").components()) {
+    let Some(("publish", sub)) = matches.subcommand() else {
+        return Ok(());
+    };
+    if cli
+        .sysfs_root
+        .components()
+        .eq(Path::new("/sys").components())
+    {
         return Ok(());
     }
     let defaulted: Vec<String> = ["features_dir", "cdi_dir", "state_dir"]
@@ -211,8 +232,10 @@ fn emit(bytes: impl AsRef<[u8]>) -> Result<()> {
 
 /// True when an error comes from writing to a pipe whose reader has gone.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain()
-        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 impl Cli {
@@ -226,12 +249,19 @@ impl Cli {
         };
         // A replayed capture answers with what the captured pass used, unless
         // a fabric input is named on the command line.
-        let named = self.nvidia_smi.is_some() || self.nvidia_smi_q.is_some() || self.nvml_lib.is_some() || self.ascend_fabric.is_some();
+        let named = self.nvidia_smi.is_some()
+            || self.nvidia_smi_q.is_some()
+            || self.nvml_lib.is_some()
+            || self.ascend_fabric.is_some();
         fabric::Sources {
             nvidia,
             ascend: self.ascend_fabric.clone(),
             timeout: self.tool_timeout,
-            replay: if named { None } else { self.replayed_answers.clone() },
+            replay: if named {
+                None
+            } else {
+                self.replayed_answers.clone()
+            },
             recorder: None,
         }
     }
@@ -241,8 +271,13 @@ impl Cli {
 /// scale-up fabric (and so whether vendor tools are asked at all).
 fn one_pass(cli: &Cli, state_dir: Option<&Path>, fabric: bool) -> Result<Pass> {
     let now = pass::now()?;
-    pass::run(&cli.sysfs_root, state_dir, now, fabric.then(|| cli.fabric_sources()).as_ref())
-        .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
+    pass::run(
+        &cli.sysfs_root,
+        state_dir,
+        now,
+        fabric.then(|| cli.fabric_sources()).as_ref(),
+    )
+    .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
 }
 
 /// Executes on the tree `--sysfs-root` names; a capture archive is unpacked
@@ -251,11 +286,20 @@ fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
     if !crate::capture::is_archive(&cli.sysfs_root) {
         return execute(cli);
     }
-    let limits = crate::capture::Limits { max_entries: cli.replay_max_entries, max_bytes: cli.replay_max_bytes };
+    let limits = crate::capture::Limits {
+        max_entries: cli.replay_max_entries,
+        max_bytes: cli.replay_max_bytes,
+    };
     // Lives until the command is done; dropping it removes the folder.
     let replay = crate::capture::unpack(&cli.sysfs_root, &limits)?;
-    let answers = replay.answers().map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
-    execute(&Cli { sysfs_root: replay.tree(), replayed_answers: answers, ..cli.clone() })
+    let answers = replay
+        .answers()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
+    execute(&Cli {
+        sysfs_root: replay.tree(),
+        replayed_answers: answers,
+        ..cli.clone()
+    })
 }
 
 fn execute(cli: &Cli) -> Result<ExitCode> {
@@ -290,7 +334,9 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             // is reported before anything asks the cluster.
             let config = r.rails.config(cli.tool_timeout)?;
             let target = r.rails.target(config.as_ref())?;
-            let options = r.rails.options(config.as_ref(), cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
+            let options =
+                r.rails
+                    .options(config.as_ref(), cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
             let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
             let record = rails::rail_record(cli, &pass, &options)?;
             if let Some(target) = target {
@@ -309,7 +355,13 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
 /// Splits an output file given with `flag` into the folder the atomic write
 /// works in (`.` for a bare name) and the file name.
 fn folder_and_name<'a>(file: &'a Path, flag: &str) -> Result<(&'a Path, &'a str)> {
-    let dir = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = file.file_name().and_then(|n| n.to_str()).with_context(|| format!("{flag} {} has no file name", file.display()))?;
+    let dir = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{flag} {} has no file name", file.display()))?;
     Ok((dir, name))
 }

@@ -24,7 +24,11 @@ fn parse_expiry(s: &str) -> Result<Duration, String> {
 #[derive(Debug, Clone, Args)]
 pub struct PublishArgs {
     /// NFD's features.d folder; the file written there is `nodefabric`.
-    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/node-feature-discovery/features.d")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/etc/kubernetes/node-feature-discovery/features.d"
+    )]
     pub features_dir: PathBuf,
 
     /// CDI spec folder; this tool owns the files named nodefabric-*.json there.
@@ -79,7 +83,9 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
     };
     let health = cluster::health::Health::new();
     if let Some(addr) = args.health_addr {
-        let bound = health.serve(addr).with_context(|| format!("--health-addr {addr}"))?;
+        let bound = health
+            .serve(addr)
+            .with_context(|| format!("--health-addr {addr}"))?;
         info!("health endpoints on http://{bound}/livez and /readyz");
     }
     health.set_live(true);
@@ -107,7 +113,8 @@ fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>
         ("the state folder", args.state_dir.as_path()),
     ];
     let rails = match &args.rails_file {
-        Some(file) => folder_and_name(file, "--rails-file").map(|(dir, _)| folders.push(("the --rails-file folder", dir))),
+        Some(file) => folder_and_name(file, "--rails-file")
+            .map(|(dir, _)| folders.push(("the --rails-file folder", dir))),
         None => Ok(()),
     };
     (folders, rails)
@@ -117,8 +124,18 @@ fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
-    let pass = pass::run(&cli.sysfs_root, Some(state_dir), now, Some(&cli.fabric_sources()))
-        .with_context(|| format!("reading sysfs tree {}; nothing published", cli.sysfs_root.display()))?;
+    let pass = pass::run(
+        &cli.sysfs_root,
+        Some(state_dir),
+        now,
+        Some(&cli.fabric_sources()),
+    )
+    .with_context(|| {
+        format!(
+            "reading sysfs tree {}; nothing published",
+            cli.sysfs_root.display()
+        )
+    })?;
 
     let ttl = args.ttl();
     let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
@@ -128,7 +145,13 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     publish::check_folders(&folders)?;
     let dir = &args.features_dir;
     // What cannot be read as our file is rewritten; it never stalls the pass.
-    let existing = crate::input::read_text(&dir.join(nfd::FEATURE_FILE), publish::MAX_OWN_FILE, "a feature file", crate::input::Pipes::Refuse).ok();
+    let existing = crate::input::read_text(
+        &dir.join(nfd::FEATURE_FILE),
+        publish::MAX_OWN_FILE,
+        "a feature file",
+        crate::input::Pipes::Refuse,
+    )
+    .ok();
     if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
         let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
         info!("wrote {}", path.display());
@@ -140,9 +163,18 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
     publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
-    let rails = args.rails.config(cli.tool_timeout).and_then(|config| match (&args.rails_file, args.rails.target(config.as_ref())?) {
-        (None, None) => Ok(()),
-        (file, target) => publish_rails(cli, &pass, &args.rails, config.as_ref(), file.as_deref(), target.as_ref()),
+    let rails = args.rails.config(cli.tool_timeout).and_then(|config| {
+        match (&args.rails_file, args.rails.target(config.as_ref())?) {
+            (None, None) => Ok(()),
+            (file, target) => publish_rails(
+                cli,
+                &pass,
+                &args.rails,
+                config.as_ref(),
+                file.as_deref(),
+                target.as_ref(),
+            ),
+        }
     });
     cdi.and(rails)
 }

@@ -75,20 +75,36 @@ impl RailArgs {
     /// it (a ConfigMap mount may change between two reads).
     /// A pipe given as the file is read for at most `wait` (the tool timeout).
     pub fn config(&self, wait: std::time::Duration) -> Result<Option<rails::config::RailConfig>> {
-        self.rails_config.as_deref().map(|path| rails::config::RailConfig::read(path, wait)).transpose()
+        self.rails_config
+            .as_deref()
+            .map(|path| rails::config::RailConfig::read(path, wait))
+            .transpose()
     }
 
     /// The rail options, flags over the config file (as [`Self::config`] read it).
-    pub fn options(&self, config: Option<&rails::config::RailConfig>, nvidia_smi: Option<&Path>, timeout: std::time::Duration) -> Result<rails::Options> {
+    pub fn options(
+        &self,
+        config: Option<&rails::config::RailConfig>,
+        nvidia_smi: Option<&Path>,
+        timeout: std::time::Duration,
+    ) -> Result<rails::Options> {
         if let Some(c) = config {
             if !c.enabled {
-                anyhow::bail!("{}: gpuNicRailMapping is disabled (enabled: false)", self.rails_config.as_ref().unwrap().display());
+                anyhow::bail!(
+                    "{}: gpuNicRailMapping is disabled (enabled: false)",
+                    self.rails_config.as_ref().unwrap().display()
+                );
             }
         }
-        let source = self.rail_source.clone().or_else(|| config.map(|c| c.rail_source.name.clone()));
+        let source = self
+            .rail_source
+            .clone()
+            .or_else(|| config.map(|c| c.rail_source.name.clone()));
         let source = source.as_deref().unwrap_or(rails::HOST_LLDP);
         // The config's port settings count only for the source they belong to.
-        let lldp_cfg = config.filter(|c| c.rail_source.name == source).and_then(|c| c.rail_source.ports().cloned());
+        let lldp_cfg = config
+            .filter(|c| c.rail_source.name == source)
+            .and_then(|c| c.rail_source.ports().cloned());
         let regex = self
             .interface_regex
             .clone()
@@ -99,7 +115,8 @@ impl RailArgs {
             .clone()
             .or_else(|| lldp_cfg.as_ref().map(|l| l.rail_id.clone()))
             .context("rails need --rail-id (or railSource.hostLLDP/interfaceName.railID in --rails-config)")?;
-        let interface_regex = regex::Regex::new(&regex).with_context(|| format!("--interface-regex {regex:?}"))?;
+        let interface_regex =
+            regex::Regex::new(&regex).with_context(|| format!("--interface-regex {regex:?}"))?;
         let source = match (source, &self.lldp_json) {
             (rails::INTERFACE_NAME, None) if self.lldp_socket.is_none() => rails::RailInput::InterfaceName,
             (rails::INTERFACE_NAME, _) => anyhow::bail!("--lldp-json and --lldp-socket are for the host-lldp rail source, not interface-name"),
@@ -108,24 +125,42 @@ impl RailArgs {
         };
         let nvidia = match (&self.topo_file, &self.gpu_query_file) {
             _ if self.sysfs_paths => rails::NvidiaInput::Sysfs,
-            (Some(topo), Some(query)) => rails::NvidiaInput::Files { query: query.clone(), topo: topo.clone() },
+            (Some(topo), Some(query)) => rails::NvidiaInput::Files {
+                query: query.clone(),
+                topo: topo.clone(),
+            },
             _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
         };
         let node_uid = self.cluster.node_uid()?;
-        Ok(rails::Options { source, interface_regex, rail_id, nvidia, node_uid, timeout })
+        Ok(rails::Options {
+            source,
+            interface_regex,
+            rail_id,
+            nvidia,
+            node_uid,
+            timeout,
+        })
     }
 
     /// Where the record is published in the cluster, if anywhere: this
     /// node's NodeRailRecord (--rails-record custom-resource), or its key of
     /// --rails-configmap, else of configMapName from --rails-config where a
     /// cluster is configured.
-    pub fn target(&self, config: Option<&rails::config::RailConfig>) -> Result<Option<cluster::args::Target>> {
-        self.cluster.target(config.and_then(|c| c.config_map_name.as_deref()))
+    pub fn target(
+        &self,
+        config: Option<&rails::config::RailConfig>,
+    ) -> Result<Option<cluster::args::Target>> {
+        self.cluster
+            .target(config.and_then(|c| c.config_map_name.as_deref()))
     }
 }
 
 /// Builds the rail record from a pass.
-pub(super) fn rail_record(cli: &Cli, pass: &Pass, options: &rails::Options) -> Result<rails::RailRecord> {
+pub(super) fn rail_record(
+    cli: &Cli,
+    pass: &Pass,
+    options: &rails::Options,
+) -> Result<rails::RailRecord> {
     let root = crate::sysfs::SysRoot::new(&cli.sysfs_root)?;
     rails::build(&root, &pass.record, options)
 }

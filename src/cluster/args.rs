@@ -3,8 +3,8 @@
 //! synchronous command line into the async client.
 
 use super::broker::{self, Publication};
-use super::record::GROUP;
 use super::health::Health;
+use super::record::GROUP;
 use super::{block_on, node, observer, ClusterError, ConfigMapRef, SERVICE_ACCOUNT_DIR};
 use crate::rails::RailRecord;
 use clap::Args;
@@ -101,12 +101,15 @@ impl Memo {
     /// Whether exactly `bytes` went to `target` less than [`REFRESH`] ago.
     fn already_sent(&self, target: &str, bytes: &str) -> bool {
         let s = self.state();
-        s.sent.as_ref().is_some_and(|(t, b, at)| t == target && b == bytes && at.elapsed() < REFRESH)
+        s.sent
+            .as_ref()
+            .is_some_and(|(t, b, at)| t == target && b == bytes && at.elapsed() < REFRESH)
     }
 
     /// Records a successful publication, or forgets it (`None`) after a failure.
     fn set_sent(&self, sent: Option<(&str, &str)>) {
-        self.state().sent = sent.map(|(t, b)| (t.to_string(), b.to_string(), std::time::Instant::now()));
+        self.state().sent =
+            sent.map(|(t, b)| (t.to_string(), b.to_string(), std::time::Instant::now()));
     }
 }
 
@@ -211,7 +214,9 @@ impl BrokerArgs {
             },
         };
         if let (Some(t), None) = (&target, &self.node_name) {
-            anyhow::bail!("publishing to a {t} needs --node-name (or NODE_NAME): it is the record's key");
+            anyhow::bail!(
+                "publishing to a {t} needs --node-name (or NODE_NAME): it is the record's key"
+            );
         }
         Ok(target)
     }
@@ -230,16 +235,25 @@ impl BrokerArgs {
         let text = serde_json::to_string(&value).expect("a JSON value serialises");
         let place = target.to_string();
         if self.memo.already_sent(&place, &text) {
-            tracing::debug!("the rail record is unchanged since it was published to {target}: not sent again");
+            tracing::debug!(
+                "the rail record is unchanged since it was published to {target}: not sent again"
+            );
             return Ok(());
         }
         let result = self.send(target, node, record, &text);
-        self.memo.set_sent(result.is_ok().then_some((place.as_str(), text.as_str())));
+        self.memo
+            .set_sent(result.is_ok().then_some((place.as_str(), text.as_str())));
         result
     }
 
     /// Sends one publication (see [`BrokerArgs::publish`]).
-    fn send(&self, target: &Target, node: &str, record: &RailRecord, text: &str) -> anyhow::Result<()> {
+    fn send(
+        &self,
+        target: &Target,
+        node: &str,
+        record: &RailRecord,
+        text: &str,
+    ) -> anyhow::Result<()> {
         let empty = record.nics.is_empty();
         match target {
             Target::ConfigMap(cm) => self.publish_configmap(cm, node, text, empty)?,
@@ -248,7 +262,8 @@ impl BrokerArgs {
                     anyhow::bail!("NodeRailRecord {node} needs its Node's UID for the ownerReference (--node-uid, or a readable Node {node})");
                 }
                 block_on(async {
-                    let client = super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
+                    let client =
+                        super::connect(&self.service_account_dir, Some(self.api_timeout)).await?;
                     if empty {
                         broker::delete_record(&client, node).await
                     } else {
@@ -267,7 +282,13 @@ impl BrokerArgs {
 
     /// Patches this node's key of `cm` with `text` (removes it when the
     /// record has no rail). Any error leaves the ConfigMap as it was.
-    fn publish_configmap(&self, cm: &ConfigMapRef, node: &str, text: &str, empty: bool) -> anyhow::Result<()> {
+    fn publish_configmap(
+        &self,
+        cm: &ConfigMapRef,
+        node: &str,
+        text: &str,
+        empty: bool,
+    ) -> anyhow::Result<()> {
         // The compact form is about half the bytes of the pretty one `rails`
         // prints, so twice the nodes fit the 1 MiB ConfigMap.
         let what = if empty {

@@ -97,7 +97,11 @@ pub async fn apply_record(
     let request = format!("APPLY NodeRailRecord {node}");
     match api.patch(node, &params, &Patch::Apply(&object)).await {
         Ok(_) => Ok(()),
-        Err(e) => Err(record_error(request, "`patch` (and `create`) on noderailrecords", e)),
+        Err(e) => Err(record_error(
+            request,
+            "`patch` (and `create`) on noderailrecords",
+            e,
+        )),
     }
 }
 
@@ -113,7 +117,11 @@ pub async fn delete_record(client: &Client, node: &str) -> Result<(), ClusterErr
     match api.delete(node, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(e) if code(&e) == Some(404) && !no_resource(&e) => Ok(()),
-        Err(e) => Err(record_error(format!("DELETE NodeRailRecord {node}"), "`delete` on noderailrecords", e)),
+        Err(e) => Err(record_error(
+            format!("DELETE NodeRailRecord {node}"),
+            "`delete` on noderailrecords",
+            e,
+        )),
     }
 }
 

@@ -46,7 +46,10 @@ impl Health {
     }
 
     fn broken(&self) -> Option<String> {
-        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether ready.
@@ -124,7 +127,13 @@ mod tests {
         assert_eq!(h.answer("/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(h.answer("/other").0, StatusCode::NOT_FOUND);
         h.set_broken(Some("the CDI folder /x was deleted".into()));
-        assert_eq!(h.answer("/livez"), (StatusCode::SERVICE_UNAVAILABLE, "the CDI folder /x was deleted\n".into()));
+        assert_eq!(
+            h.answer("/livez"),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the CDI folder /x was deleted\n".into()
+            )
+        );
         h.set_broken(None);
         assert_eq!(h.answer("/livez").0, StatusCode::OK);
     }

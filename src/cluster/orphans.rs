@@ -55,7 +55,6 @@ impl RecordMeta {
             owner: owner_uid(meta).map(str::to_string),
         })
     }
-
 }
 
 /// Why `record` is stale given `nodes`, or `None` when it is current.
@@ -92,7 +91,10 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
             // The continue token outlived the server's history (a compaction
             // during a long list): start over once from a fresh list.
             Err(e) if code(&e) == Some(410) && params.continue_token.is_some() && !restarted => {
-                tracing::info!("{}: the list expired mid-way ({e}); listing again from the start", what());
+                tracing::info!(
+                    "{}: the list expired mid-way ({e}); listing again from the start",
+                    what()
+                );
                 restarted = true;
                 out.clear();
                 params.continue_token = None;
@@ -100,7 +102,11 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
             }
             Err(e) => return Err(record_error(what(), "`list` on noderailrecords", e)),
         };
-        out.extend(page.items.iter().filter_map(|o| RecordMeta::from_meta(&o.metadata)));
+        out.extend(
+            page.items
+                .iter()
+                .filter_map(|o| RecordMeta::from_meta(&o.metadata)),
+        );
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(out),
@@ -110,7 +116,11 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
 
 /// Deletes the stale NodeRailRecords: every record, or only the one named
 /// `only`. `nodes` is the watch cache, which picks the candidates.
-pub async fn clean(client: &Client, nodes: &Nodes, only: Option<&str>) -> Result<Outcome, ClusterError> {
+pub async fn clean(
+    client: &Client,
+    nodes: &Nodes,
+    only: Option<&str>,
+) -> Result<Outcome, ClusterError> {
     // Untyped: a stored record of another format version must not fail the
     // delete's answer after the server has done it.
     let api = records_untyped(client);
@@ -180,7 +190,10 @@ mod tests {
         let gone = why_stale(&rec("gone", Some("u-gone"), "1"), &nodes).unwrap();
         assert!(gone.contains("no Node"), "{gone}");
         let reused = why_stale(&rec("reused", Some("u-old"), "1"), &nodes).unwrap();
-        assert!(reused.contains("u-old") && reused.contains("u-new"), "{reused}");
+        assert!(
+            reused.contains("u-old") && reused.contains("u-new"),
+            "{reused}"
+        );
         // Without a Node owner, a record is still stale once its Node is gone.
         assert!(why_stale(&rec("gone", None, "1"), &nodes).is_some());
     }

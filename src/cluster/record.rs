@@ -74,7 +74,12 @@ pub fn crd_yaml() -> String {
 
 /// The number of distinct rail IDs in `record`, for the `Rails` column.
 pub fn rail_count(record: &RailRecord) -> usize {
-    record.nics.values().flatten().collect::<BTreeSet<_>>().len()
+    record
+        .nics
+        .values()
+        .flatten()
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 /// The object the broker applies for Node `node`: the record as spec, the
@@ -105,7 +110,9 @@ pub fn object(node: &str, record: &RailRecord) -> serde_json::Value {
 }
 
 /// The UID of the Node that owns a record (its `kind: Node` ownerReference).
-pub fn owner_uid(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<&str> {
+pub fn owner_uid(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&str> {
     meta.owner_references
         .as_deref()?
         .iter()
@@ -120,7 +127,10 @@ mod tests {
     #[test]
     fn the_crd_is_cluster_scoped_with_a_structural_schema_and_the_printer_columns() {
         let crd = serde_json::to_value(NodeRailRecord::crd()).unwrap();
-        assert_eq!(crd["metadata"]["name"], "noderailrecords.nodefabric.gpustack.ai");
+        assert_eq!(
+            crd["metadata"]["name"],
+            "noderailrecords.nodefabric.gpustack.ai"
+        );
         assert_eq!(crd["spec"]["scope"], "Cluster");
         let v = &crd["spec"]["versions"][0];
         let columns: Vec<&str> = v["additionalPrinterColumns"]
@@ -132,7 +142,10 @@ mod tests {
         assert_eq!(columns, ["GPUs", "Rails", "Source", "Age"]);
         let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
         for key in ["version", "nodeUID", "railSource", "nics", "gpus"] {
-            assert!(spec["properties"].get(key).is_some(), "spec.{key} missing: {spec}");
+            assert!(
+                spec["properties"].get(key).is_some(),
+                "spec.{key} missing: {spec}"
+            );
         }
         // A structural schema (what the API server requires) has no $ref,
         // and every node names its type, with no anyOf/oneOf carrying types.
@@ -142,7 +155,12 @@ mod tests {
             for k in ["anyOf", "oneOf", "allOf"] {
                 assert!(node.get(k).is_none(), "{path} has {k}");
             }
-            for (name, child) in node.get("properties").and_then(|p| p.as_object()).into_iter().flatten() {
+            for (name, child) in node
+                .get("properties")
+                .and_then(|p| p.as_object())
+                .into_iter()
+                .flatten()
+            {
                 structural(&format!("{path}.{name}"), child);
             }
             for k in ["items", "additionalProperties"] {
@@ -152,10 +170,17 @@ mod tests {
             }
         }
         structural("", &v["schema"]["openAPIV3Schema"]);
-        assert_eq!(spec["x-kubernetes-map-type"], "atomic", "the broker owns the whole spec");
+        assert_eq!(
+            spec["x-kubernetes-map-type"], "atomic",
+            "the broker owns the whole spec"
+        );
         // Printer columns over labels are strings (an integer column shows <none> for a string).
         for c in v["additionalPrinterColumns"].as_array().unwrap() {
-            if c["jsonPath"].as_str().unwrap().starts_with(".metadata.labels") {
+            if c["jsonPath"]
+                .as_str()
+                .unwrap()
+                .starts_with(".metadata.labels")
+            {
                 assert_eq!(c["type"], "string", "{c}");
             }
         }
@@ -179,6 +204,9 @@ mod tests {
         assert_eq!(o["metadata"]["labels"][RAILS_LABEL], "2");
         assert_eq!(o["metadata"]["labels"][SOURCE_LABEL], "host-lldp");
         assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], "u-1");
-        assert_eq!(o["spec"]["nodeUID"], "u-1", "the owner is the record's own Node");
+        assert_eq!(
+            o["spec"]["nodeUID"], "u-1",
+            "the owner is the record's own Node"
+        );
     }
 }

@@ -6,9 +6,9 @@
 //! in that list and come from their own Linux drivers' ID tables: cabc
 //! Cambricon, 1e3e Iluvatar CoreX, 9999 MetaX.
 
+use super::net::VfParents;
 use super::{device_topology, numa_answer};
 use crate::record::{Accelerator, AcceleratorGroup, NodeRecord, UnreadableFact};
-use super::net::VfParents;
 use crate::sysfs::{basename, join, parse_hex, BuildPathHash, SysError, SysRoot};
 use std::collections::{BTreeMap, HashMap};
 use tracing::{debug, warn};
@@ -28,7 +28,10 @@ pub const VENDORS: &[(u16, &str)] = &[
 
 /// The manufacturer key of an accelerator maker's PCI vendor ID.
 fn maker_of(vendor: u32) -> Option<&'static str> {
-    VENDORS.iter().find(|(id, _)| u32::from(*id) == vendor).map(|(_, maker)| *maker)
+    VENDORS
+        .iter()
+        .find(|(id, _)| u32::from(*id) == vendor)
+        .map(|(_, maker)| *maker)
 }
 
 /// True for the PCI classes an accelerator presents: display controllers
@@ -48,11 +51,19 @@ fn is_accelerator_class(class: u32) -> bool {
 /// their PF: the kernel gives a VF its PF's vendor ID, so a VF whose PF
 /// answered with another maker's ID is no accelerator and nothing of it is
 /// read (on a NIC node with SR-IOV, most PCI functions are such VFs).
-pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>, vf_parents: &VfParents) -> Result<Vec<AcceleratorGroup>, SysError> {
+pub fn accelerators(
+    root: &SysRoot,
+    previous: Option<&NodeRecord>,
+    vf_parents: &VfParents,
+) -> Result<Vec<AcceleratorGroup>, SysError> {
     let kept = |addr: &str, why: String| {
         let prev = previous?.accelerators().find(|a| a.pci_bus_id == addr)?;
         let mut acc = prev.clone();
-        acc.unreadable = vec![UnreadableFact { fact: "accelerator".into(), reason: why, kept: true }];
+        acc.unreadable = vec![UnreadableFact {
+            fact: "accelerator".into(),
+            reason: why,
+            kept: true,
+        }];
         Some(acc)
     };
     let entries = match root.list("bus/pci/devices") {
@@ -67,7 +78,9 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>, vf_parents: &
     // Every other function first, so that each known VF's PF has answered
     // by the time the VF comes (the kernel's order would do, as a VF's
     // address follows its PF's, but nothing here leans on it).
-    let (vfs, others): (Vec<String>, Vec<String>) = entries.into_iter().partition(|e| vf_parents.contains_key(e));
+    let (vfs, others): (Vec<String>, Vec<String>) = entries
+        .into_iter()
+        .partition(|e| vf_parents.contains_key(e));
     let mut vendors: HashMap<String, u32, BuildPathHash> = HashMap::default();
     for entry in others.into_iter().chain(vfs) {
         let pf_vendor = vf_parents.get(&entry).and_then(|pf| vendors.get(pf));
@@ -102,7 +115,11 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>, vf_parents: &
             Err(why) => {
                 if let Some(acc) = kept(basename(&dev), why) {
                     warn!("PCI device {entry} unreadable, keeping the previous record's accelerator: {}", acc.unreadable[0].reason);
-                    let maker = VENDORS.iter().find(|(_, m)| *m == acc.manufacturer).map(|(_, m)| *m).unwrap_or("unknown");
+                    let maker = VENDORS
+                        .iter()
+                        .find(|(_, m)| *m == acc.manufacturer)
+                        .map(|(_, m)| *m)
+                        .unwrap_or("unknown");
                     by_vendor.entry(maker).or_default().push(acc);
                 }
                 continue;
@@ -111,13 +128,25 @@ pub fn accelerators(root: &SysRoot, previous: Option<&NodeRecord>, vf_parents: &
         if !is_accelerator_class(class) {
             continue;
         }
-        let device_id = root.read_trimmed(&join(&dev, "device")).ok().and_then(|v| parse_hex(&v)).unwrap_or(0);
+        let device_id = root
+            .read_trimmed(&join(&dev, "device"))
+            .ok()
+            .and_then(|v| parse_hex(&v))
+            .unwrap_or(0);
         let pci_bus_id = basename(&dev).to_string();
         let (numa, unreadable) = match numa_answer(root, &dev) {
             Ok(n) => (n, vec![]),
             Err(why) => {
-                let prev = previous.and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci_bus_id));
-                (prev.and_then(|a| a.numa), vec![UnreadableFact { fact: "numa".into(), reason: why, kept: prev.is_some() }])
+                let prev =
+                    previous.and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci_bus_id));
+                (
+                    prev.and_then(|a| a.numa),
+                    vec![UnreadableFact {
+                        fact: "numa".into(),
+                        reason: why,
+                        kept: prev.is_some(),
+                    }],
+                )
             }
         };
         by_vendor.entry(maker).or_default().push(Accelerator {

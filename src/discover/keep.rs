@@ -26,22 +26,31 @@ pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, Str
 pub(crate) fn parsed<T: std::str::FromStr>(root: &SysRoot, rel: &str) -> Result<Option<T>, String> {
     match attribute(root, rel)? {
         None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| format!("{rel}: {v:?} is not a number")),
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{rel}: {v:?} is not a number")),
     }
 }
 
 /// Notes an unreadable fact on an endpoint (not yet kept).
 pub(crate) fn note(iface: &mut Interface, fact: &str, reason: String) {
-    iface.unreadable.push(UnreadableFact { fact: fact.to_string(), reason, kept: false });
+    iface.unreadable.push(UnreadableFact {
+        fact: fact.to_string(),
+        reason,
+        kept: false,
+    });
 }
 
 /// The previous record's endpoint matching `ep`: same PCI address, or for a
 /// device off the PCI bus (or a placeholder) the same interface name.
 fn matching<'a>(previous: &'a NodeRecord, ep: &Interface) -> Option<&'a Interface> {
-    previous.endpoints().into_iter().map(|(p, _)| p).find(|p| match (&ep.pci_bus_id, &p.pci_bus_id) {
-        (Some(a), Some(b)) => a == b,
-        (None, _) => ep.name.is_some() && p.name == ep.name,
-        _ => false,
+    previous.endpoints().into_iter().map(|(p, _)| p).find(|p| {
+        match (&ep.pci_bus_id, &p.pci_bus_id) {
+            (Some(a), Some(b)) => a == b,
+            (None, _) => ep.name.is_some() && p.name == ep.name,
+            _ => false,
+        }
     })
 }
 
@@ -71,7 +80,9 @@ fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> boo
         "numa" => ep.numa = prev.numa,
         "cpuAffinity" => ep.cpu_affinity = prev.cpu_affinity.clone(),
         "physicalFunction" => ep.physical_function = prev.physical_function,
-        "virtualFunctionsConfigured" => ep.virtual_functions_configured = prev.virtual_functions_configured,
+        "virtualFunctionsConfigured" => {
+            ep.virtual_functions_configured = prev.virtual_functions_configured
+        }
         "virtualFunctions" => ep.virtual_functions = prev.virtual_functions.clone(),
         // The verbs device belongs to the RDMA device: kept only for the same one.
         "verbs" if prev.rdma_device == ep.rdma_device && prev.verbs.is_some() => {
@@ -96,7 +107,9 @@ pub fn keep_previous(record: &mut NodeRecord, previous: Option<&NodeRecord>) {
         if ep.unreadable.is_empty() {
             return;
         }
-        let Some(prev) = matching(previous, ep) else { return };
+        let Some(prev) = matching(previous, ep) else {
+            return;
+        };
         let facts = ep.unreadable.clone();
         for (i, fact) in facts.iter().enumerate().filter(|(_, f)| !f.kept) {
             ep.unreadable[i].kept = copy_fact(ep, prev, fact);

@@ -27,12 +27,23 @@ impl From<SysError> for DiscoverError {
 ///
 /// `previous` is the last record published (for `firstSeen`); `now` is the
 /// RFC 3339 time stamped on failures first seen in this pass.
-pub fn discover(root: &SysRoot, previous: Option<&NodeRecord>, now: &str) -> Result<NodeRecord, DiscoverError> {
-    let net::Scan { interfaces, vf_parents } = net::interfaces(root)?;
+pub fn discover(
+    root: &SysRoot,
+    previous: Option<&NodeRecord>,
+    now: &str,
+) -> Result<NodeRecord, DiscoverError> {
+    let net::Scan {
+        interfaces,
+        vf_parents,
+    } = net::interfaces(root)?;
     let groups = accel::accelerators(root, previous, &vf_parents)?;
     let mut record = NodeRecord {
         version: RECORD_VERSION,
-        spec: Spec { interfaces, groups, rdma_cm: rdma::rdma_cm(root) },
+        spec: Spec {
+            interfaces,
+            groups,
+            rdma_cm: rdma::rdma_cm(root),
+        },
     };
     // Before the verbs lookup, so a kept RDMA device name resolves to its
     // character device like a freshly read one.

@@ -56,28 +56,47 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
         .collect();
     let mut vf_netdevs = VfNetdevs::default();
     for (name, at) in &located {
-        if let Ok(Located { netdir, device: Some(dev), is_vf: true }) = at {
+        if let Ok(Located {
+            netdir,
+            device: Some(dev),
+            is_vf: true,
+        }) = at
+        {
             // Names come sorted, so the first kept is the one a listing of
             // the VF's `net` folder would give first.
-            vf_netdevs.entry(dev.as_str()).or_insert((name.as_str(), netdir.as_str()));
+            vf_netdevs
+                .entry(dev.as_str())
+                .or_insert((name.as_str(), netdir.as_str()));
         }
     }
     let mut out = Vec::with_capacity(located.len());
-    let mut walk = Walk { root, vf_netdevs, vf_parents: VfParents::default(), node_cpus: NodeCpus::default() };
+    let mut walk = Walk {
+        root,
+        vf_netdevs,
+        vf_parents: VfParents::default(),
+        node_cpus: NodeCpus::default(),
+    };
     for (name, at) in &located {
         match at {
             Ok(Located { is_vf: true, .. }) => {}
             Ok(at) => out.push(walk.interface(name, at)),
             Err(e) => {
                 warn!("interface {name} unreadable: {e}");
-                let mut iface = Interface { name: Some(name.clone()), bus: "unknown".into(), ..Default::default() };
+                let mut iface = Interface {
+                    name: Some(name.clone()),
+                    bus: "unknown".into(),
+                    ..Default::default()
+                };
                 note(&mut iface, "interface", e.to_string());
                 out.push(iface);
             }
         }
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Scan { interfaces: out, vf_parents: walk.vf_parents })
+    Ok(Scan {
+        interfaces: out,
+        vf_parents: walk.vf_parents,
+    })
 }
 
 /// The walk over `class/net` entries, with what it learns on the way that
@@ -102,7 +121,8 @@ struct Located {
 }
 
 /// VF device folder → (interface name, canonical net folder), from `class/net`.
-type VfNetdevs<'a> = std::collections::HashMap<&'a str, (&'a str, &'a str), crate::sysfs::BuildPathHash>;
+type VfNetdevs<'a> =
+    std::collections::HashMap<&'a str, (&'a str, &'a str), crate::sysfs::BuildPathHash>;
 
 /// Resolves one `class/net` entry's folders.
 fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
@@ -113,15 +133,26 @@ fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
         Err(e) => return Err(e),
     };
     // A VF is listed by its PF, not on its own.
-    let is_vf = device.as_ref().is_some_and(|dev| root.exists(&join(dev, "physfn")));
-    Ok(Located { netdir, device, is_vf })
+    let is_vf = device
+        .as_ref()
+        .is_some_and(|dev| root.exists(&join(dev, "physfn")));
+    Ok(Located {
+        netdir,
+        device,
+        is_vf,
+    })
 }
 
 impl Walk<'_> {
     /// One top-level interface (a VF is built by its PF).
     fn interface(&mut self, name: &str, at: &Located) -> Interface {
         let device = at.device.as_deref();
-        let mut iface = self.build(Some(name.to_string()), Some(&at.netdir), device, Function::Top);
+        let mut iface = self.build(
+            Some(name.to_string()),
+            Some(&at.netdir),
+            device,
+            Function::Top,
+        );
         if let Some(dev) = device {
             match self.virtual_functions(dev, &iface) {
                 Ok(vfs) => iface.virtual_functions = vfs,
@@ -149,15 +180,32 @@ impl Walk<'_> {
     /// answer (absent, or 0 VFs); one that is there and cannot be read is noted
     /// as unreadable, for [`keep::keep_previous`] to fill in. `function` says
     /// whether it is a VF (see [`Function`]).
-    fn build(&mut self, name: Option<String>, netdir: Option<&str>, device: Option<&str>, function: Function) -> Interface {
+    fn build(
+        &mut self,
+        name: Option<String>,
+        netdir: Option<&str>,
+        device: Option<&str>,
+        function: Function,
+    ) -> Interface {
         let root = self.root;
-        let is_virtual = netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
-        let (bus, bus_unreadable) = match device.map(|dev| if function == Function::Virtual { Ok(Some("pci".to_string())) } else { bus_of(root, dev) }) {
+        let is_virtual =
+            netdir.is_some_and(|n| n.starts_with("devices/virtual/")) || device.is_none();
+        let (bus, bus_unreadable) = match device.map(|dev| {
+            if function == Function::Virtual {
+                Ok(Some("pci".to_string()))
+            } else {
+                bus_of(root, dev)
+            }
+        }) {
             None => ("virtual".to_string(), None),
             Some(Ok(bus)) => (bus.unwrap_or_else(|| "unknown".to_string()), None),
             // A device folder named by a PCI address is on the PCI bus whatever
             // its unreadable link says; the bus itself is kept from before.
-            Some(Err(e)) if device.is_some_and(|d| crate::pci::normalize(basename(d)).is_some()) => ("pci".to_string(), Some(e.to_string())),
+            Some(Err(e))
+                if device.is_some_and(|d| crate::pci::normalize(basename(d)).is_some()) =>
+            {
+                ("pci".to_string(), Some(e.to_string()))
+            }
             Some(Err(e)) => ("unknown".to_string(), Some(e.to_string())),
         };
         let mut iface = Interface {
@@ -178,13 +226,21 @@ impl Walk<'_> {
             // virtual NICs) say; then the administrative IFF_UP flag decides.
             match attribute(root, &join(net, "operstate")) {
                 Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
-                    note(&mut iface, "up", format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"));
+                    note(
+                        &mut iface,
+                        "up",
+                        format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"),
+                    );
                 }
                 Ok(oper) => {
                     let oper = oper.unwrap_or_default();
                     if oper == "unknown" {
                         match attribute(root, &join(net, "flags")) {
-                            Ok(flags) => iface.up = flags.and_then(|f| parse_hex(&f)).is_some_and(|f| f & 0x1 != 0),
+                            Ok(flags) => {
+                                iface.up = flags
+                                    .and_then(|f| parse_hex(&f))
+                                    .is_some_and(|f| f & 0x1 != 0)
+                            }
                             Err(why) => note(&mut iface, "up", why),
                         }
                     } else {
@@ -256,12 +312,17 @@ impl Walk<'_> {
     /// The PF's VFs, from its `virtfnN` links, sorted by PCI address. A VF shares
     /// its PF's upstream bridges; its NUMA node is its own. A PF folder that
     /// cannot be listed is an error (its VFs are unreadable, not absent).
-    fn virtual_functions(&mut self, pf_dev: &str, pf: &Interface) -> Result<Vec<Interface>, SysError> {
+    fn virtual_functions(
+        &mut self,
+        pf_dev: &str,
+        pf: &Interface,
+    ) -> Result<Vec<Interface>, SysError> {
         let root = self.root;
         let entries = root.list(pf_dev)?;
         // Sized once: an interface is large, and growing a PF's list of tens
         // of VFs moved every one of them several times.
-        let mut vfs = Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
+        let mut vfs =
+            Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
         for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
             let vf_dev = match root.resolve(&join(pf_dev, entry)) {
                 Ok(d) => d,
@@ -269,8 +330,14 @@ impl Walk<'_> {
                     // The link still names the VF's PCI address: a placeholder
                     // under that address lets the previous record fill it in, so
                     // its partitioned token is not withdrawn.
-                    let addr = root.link_text(&join(pf_dev, entry)).ok().and_then(|t| crate::pci::normalize(basename(&t)));
-                    warn!("VF {entry} of {} unreadable: {e}", pf.pci_bus_id.as_deref().unwrap_or("?"));
+                    let addr = root
+                        .link_text(&join(pf_dev, entry))
+                        .ok()
+                        .and_then(|t| crate::pci::normalize(basename(&t)));
+                    warn!(
+                        "VF {entry} of {} unreadable: {e}",
+                        pf.pci_bus_id.as_deref().unwrap_or("?")
+                    );
                     if let Some(addr) = addr {
                         let mut vf = Interface {
                             bus: "pci".into(),
@@ -293,12 +360,16 @@ impl Walk<'_> {
                     // Known as a VF from both sides: this PF's link, and its
                     // netdev's device's `physfn`.
                     if let Some(pf_addr) = &pf.pci_bus_id {
-                        self.vf_parents.insert(basename(&vf_dev).to_string(), pf_addr.clone());
+                        self.vf_parents
+                            .insert(basename(&vf_dev).to_string(), pf_addr.clone());
                     }
                     (Some(name.to_string()), Some(dir.to_string()))
                 }
                 None => {
-                    let netdev = root.list(&join(&vf_dev, "net")).ok().and_then(|n| n.into_iter().next());
+                    let netdev = root
+                        .list(&join(&vf_dev, "net"))
+                        .ok()
+                        .and_then(|n| n.into_iter().next());
                     let netdir = netdev.as_ref().map(|n| join(&vf_dev, &format!("net/{n}")));
                     (netdev, netdir)
                 }
@@ -338,7 +409,15 @@ fn bus_of(root: &SysRoot, device: &str) -> Result<Option<String>, SysError> {
 
 /// The operational states the kernel prints in `operstate` (RFC 2863); any
 /// other text is not an answer.
-const OPERSTATES: [&str; 7] = ["unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"];
+const OPERSTATES: [&str; 7] = [
+    "unknown",
+    "notpresent",
+    "down",
+    "lowerlayerdown",
+    "testing",
+    "dormant",
+    "up",
+];
 
 /// A device's `local_cpulist`, which must read as the kernel prints a CPU
 /// list (`0-23,48-71`, or nothing): other text is unreadable, not an
@@ -371,7 +450,10 @@ fn by_address(vfs: Vec<Interface>) -> Vec<Interface> {
     let mut order: Vec<usize> = (0..vfs.len()).collect();
     order.sort_by(|&a, &b| vfs[a].pci_bus_id.cmp(&vfs[b].pci_bus_id));
     let mut slots: Vec<Option<Interface>> = vfs.into_iter().map(Some).collect();
-    order.into_iter().map(|i| slots[i].take().expect("each index once")).collect()
+    order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each index once"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -395,7 +477,10 @@ mod tests {
             vf(Some("0000:04:00.4"), "e"),
             vf(Some("0000:04:00.3"), "f"),
         ];
-        let names: Vec<_> = by_address(given).into_iter().map(|v| v.name.unwrap()).collect();
+        let names: Vec<_> = by_address(given)
+            .into_iter()
+            .map(|v| v.name.unwrap())
+            .collect();
         assert_eq!(names, ["d", "a", "b", "f", "e", "c"]);
     }
 
@@ -404,7 +489,17 @@ mod tests {
         for ok in ["", "0", "0-95", "0-23,48-71", "3,5,7-9"] {
             assert!(is_cpu_list(ok), "{ok:?}");
         }
-        for bad in ["\u{fffd}garbage", "0-", "-3", "0,,1", "0-3-5", "1 2", ",", "0x1f", "ff,ffffffff"] {
+        for bad in [
+            "\u{fffd}garbage",
+            "0-",
+            "-3",
+            "0,,1",
+            "0-3-5",
+            "1 2",
+            ",",
+            "0x1f",
+            "ff,ffffffff",
+        ] {
             assert!(!is_cpu_list(bad), "{bad:?}");
         }
     }

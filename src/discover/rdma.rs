@@ -4,8 +4,8 @@
 //! every RDMA device whatever its manufacturer.
 
 use crate::record::{CharDevice, LinkState, LinkVerdict, PortReading};
-use std::collections::HashMap;
 use crate::sysfs::{join, SysError, SysRoot};
+use std::collections::HashMap;
 
 /// The RDMA device bound to a device: the first entry of `<device>/infiniband/`.
 /// `Ok(None)` when the device has no such folder (nothing bound); an error when
@@ -71,7 +71,10 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
         }
     } else if !unreadable.is_empty() {
         unverified(
-            format!("no port carries the link, and some could not be read: {}", unreadable.join("; ")),
+            format!(
+                "no port carries the link, and some could not be read: {}",
+                unreadable.join("; ")
+            ),
             readings,
         )
     } else {
@@ -120,14 +123,21 @@ impl VerbsIndex {
             match (ibdev, dev.as_ref().ok().and_then(|d| parse_dev(d))) {
                 (Ok(ibdev), Some((major, minor))) => {
                     index.checked.push(format!("{base}/ibdev = {ibdev}"));
-                    index.by_ibdev.insert(ibdev, CharDevice { path: format!("/dev/infiniband/{uverbs}"), major, minor });
+                    index.by_ibdev.insert(
+                        ibdev,
+                        CharDevice {
+                            path: format!("/dev/infiniband/{uverbs}"),
+                            major,
+                            minor,
+                        },
+                    );
                 }
                 (ibdev, _) => {
                     index.unreadable = true;
                     index.checked.push(format!(
-                    "{base} (ibdev: {}, dev: {})",
-                    ibdev.unwrap_or_else(|e| e.to_string()),
-                    dev.map_or_else(|e| e.to_string(), |v| format!("{v:?} is not major:minor")),
+                        "{base} (ibdev: {}, dev: {})",
+                        ibdev.unwrap_or_else(|e| e.to_string()),
+                        dev.map_or_else(|e| e.to_string(), |v| format!("{v:?} is not major:minor")),
                     ))
                 }
             }
@@ -146,7 +156,10 @@ impl VerbsIndex {
     /// The verbs device of `ibdev`, or a diagnostic naming every place checked.
     pub fn lookup(&self, ibdev: &str) -> Result<CharDevice, String> {
         self.by_ibdev.get(ibdev).cloned().ok_or_else(|| {
-            format!("no verbs device for RDMA device {ibdev}; checked: {}", self.checked.join(", "))
+            format!(
+                "no verbs device for RDMA device {ibdev}; checked: {}",
+                self.checked.join(", ")
+            )
         })
     }
 }
@@ -155,7 +168,11 @@ impl VerbsIndex {
 pub fn rdma_cm(root: &SysRoot) -> Option<CharDevice> {
     let dev = root.read_trimmed("class/misc/rdma_cm/dev").ok()?;
     let (major, minor) = parse_dev(&dev)?;
-    Some(CharDevice { path: "/dev/infiniband/rdma_cm".into(), major, minor })
+    Some(CharDevice {
+        path: "/dev/infiniband/rdma_cm".into(),
+        major,
+        minor,
+    })
 }
 
 #[cfg(test)]

@@ -92,9 +92,16 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, Answer>, String> {
     let input: Input = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let mut out = BTreeMap::new();
     for a in input.npus {
-        let addr = pci::normalize(&a.pci_bus_id).ok_or_else(|| format!("pciBusId {:?} is not a PCI address", a.pci_bus_id))?;
-        if let Some(bad) = a.endpoints.iter().find(|e| e.len() != 32 || !e.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))) {
-            return Err(format!("{addr}: endpoint {bad:?} is not 32 lowercase hex characters"));
+        let addr = pci::normalize(&a.pci_bus_id)
+            .ok_or_else(|| format!("pciBusId {:?} is not a PCI address", a.pci_bus_id))?;
+        if let Some(bad) = a
+            .endpoints
+            .iter()
+            .find(|e| e.len() != 32 || !e.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')))
+        {
+            return Err(format!(
+                "{addr}: endpoint {bad:?} is not 32 lowercase hex characters"
+            ));
         }
         if out.insert(addr.clone(), a).is_some() {
             return Err(format!("{addr} appears twice"));
@@ -110,7 +117,9 @@ pub fn fabric(a: &Answer) -> (Fabric, Option<String>) {
     let valid = |v: u32| (v != INVALID).then_some(v);
     let in_pod = match a.super_pod_type {
         Shape::Pod1d | Shape::Pod2d => true,
-        Shape::Server8p | Shape::Card1p | Shape::Card4p => valid(a.super_pod_id).is_some() && valid(a.super_pod_size).is_some(),
+        Shape::Server8p | Shape::Card1p | Shape::Card4p => {
+            valid(a.super_pod_id).is_some() && valid(a.super_pod_size).is_some()
+        }
         Shape::Server16p | Shape::Server32p => false,
     };
     let mut f = Fabric {
@@ -120,7 +129,12 @@ pub fn fabric(a: &Answer) -> (Fabric, Option<String>) {
         ..Default::default()
     };
     if !in_pod {
-        let note = format!("{} with super-pod id {:#x} and size {:#x} is in no super pod", a.super_pod_type.as_str(), a.super_pod_id, a.super_pod_size);
+        let note = format!(
+            "{} with super-pod id {:#x} and size {:#x} is in no super pod",
+            a.super_pod_type.as_str(),
+            a.super_pod_id,
+            a.super_pod_size
+        );
         return (f, Some(note));
     }
     f.id = valid(a.super_pod_id).map(|v| v.to_string());
@@ -138,19 +152,39 @@ mod tests {
     use super::*;
 
     fn answer(shape: Shape, id: u32, size: u32) -> Answer {
-        Answer { pci_bus_id: "0000:c1:00.0".into(), super_pod_type: shape, super_pod_id: id, super_pod_size: size, server_index: 3, rack_id: INVALID, endpoints: vec![] }
+        Answer {
+            pci_bus_id: "0000:c1:00.0".into(),
+            super_pod_type: shape,
+            super_pod_id: id,
+            super_pod_size: size,
+            server_index: 3,
+            rack_id: INVALID,
+            endpoints: vec![],
+        }
     }
 
     #[test]
     fn membership_rules() {
-        assert_eq!(fabric(&answer(Shape::Pod1d, 7, 64)).0.id.as_deref(), Some("7"));
-        assert_eq!(fabric(&answer(Shape::Server8p, 7, 64)).0.id.as_deref(), Some("7"));
+        assert_eq!(
+            fabric(&answer(Shape::Pod1d, 7, 64)).0.id.as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            fabric(&answer(Shape::Server8p, 7, 64)).0.id.as_deref(),
+            Some("7")
+        );
         assert_eq!(fabric(&answer(Shape::Server8p, INVALID, 64)).0.id, None);
         assert_eq!(fabric(&answer(Shape::Card4p, 7, INVALID)).0.id, None);
         assert_eq!(fabric(&answer(Shape::Server16p, 7, 64)).0.id, None);
-        assert_eq!(fabric(&answer(Shape::Server32p, 7, 64)).0.member_count, None);
+        assert_eq!(
+            fabric(&answer(Shape::Server32p, 7, 64)).0.member_count,
+            None
+        );
         let (f, note) = fabric(&answer(Shape::Pod2d, 9, 128));
-        assert_eq!((f.member_count, f.node_index, f.rack_id, note), (Some(128), Some(3), None, None));
+        assert_eq!(
+            (f.member_count, f.node_index, f.rack_id, note),
+            (Some(128), Some(3), None, None)
+        );
         assert_eq!(f.shape.as_deref(), Some("pod-2d"));
     }
 

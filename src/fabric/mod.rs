@@ -52,7 +52,13 @@ pub struct Sources {
 
 impl Default for Sources {
     fn default() -> Self {
-        Sources { nvidia: NvidiaSource::default(), ascend: None, timeout: crate::tool::DEFAULT_TIMEOUT, replay: None, recorder: None }
+        Sources {
+            nvidia: NvidiaSource::default(),
+            ascend: None,
+            timeout: crate::tool::DEFAULT_TIMEOUT,
+            replay: None,
+            recorder: None,
+        }
     }
 }
 
@@ -60,7 +66,10 @@ impl Sources {
     /// NVIDIA's answer: the replayed one, or a fresh read; noted for capture.
     fn nvidia_answer(&self) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
         let answer = match &self.replay {
-            Some(r) => r.nvidia.as_ref().map_or_else(|| Err("the capture holds no NVIDIA answer".to_string()), |a| a.to_result()),
+            Some(r) => r.nvidia.as_ref().map_or_else(
+                || Err("the capture holds no NVIDIA answer".to_string()),
+                |a| a.to_result(),
+            ),
             None => nvidia_blocks(self),
         };
         if let Some(rec) = &self.recorder {
@@ -75,7 +84,8 @@ impl Sources {
         let answer = match (&self.replay, &self.ascend) {
             (Some(r), _) => r.ascend.as_ref().map(|a| a.to_result()),
             (None, Some(f)) => Some(
-                read_capped(f).and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
+                read_capped(f)
+                    .and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
             ),
             (None, None) => None,
         };
@@ -92,12 +102,17 @@ impl Sources {
 fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
     let run_q = |bin: &std::path::Path| crate::tool::output(bin, &["-q"], sources.timeout);
     let (text, origin) = match &sources.nvidia {
-        NvidiaSource::Nvml(lib) => return nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string()),
+        NvidiaSource::Nvml(lib) => {
+            return nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string())
+        }
         NvidiaSource::Auto => match nvml::read(None) {
             Ok(blocks) => return Ok(blocks),
             Err(e @ nvml::NvmlError::Unavailable { .. }) => {
                 debug!("{e}; reading nvidia-smi -q instead");
-                (run_q(std::path::Path::new("nvidia-smi"))?, "nvidia-smi -q".to_string())
+                (
+                    run_q(std::path::Path::new("nvidia-smi"))?,
+                    "nvidia-smi -q".to_string(),
+                )
             }
             Err(e) => return Err(e.to_string()),
         },
@@ -111,13 +126,24 @@ fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInf
 /// (it is read on every pass, so a pipe has no place here) or is larger
 /// than a tool's answer can be.
 fn read_capped(f: &std::path::Path) -> Result<String, String> {
-    crate::input::read_text(f, crate::tool::MAX_OUTPUT, "a vendor answer", crate::input::Pipes::Refuse).map_err(|e| e.to_string())
+    crate::input::read_text(
+        f,
+        crate::tool::MAX_OUTPUT,
+        "a vendor answer",
+        crate::input::Pipes::Refuse,
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
 /// A manufacturer whose answer cannot be read keeps the previous record's
 /// fabric for its accelerators, so no label is withdrawn on a failed read.
-pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
+pub fn apply(
+    root: &SysRoot,
+    record: &mut NodeRecord,
+    sources: &Sources,
+    previous: Option<&NodeRecord>,
+) {
     for group in &mut record.spec.groups {
         match group.manufacturer.as_str() {
             "nvidia" => {
@@ -134,18 +160,32 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                             Ok(f) => acc.topology.fabric = Some(f),
                             Err(why) => acc.fabric_note = Some(why),
                         },
-                        None => acc.fabric_note = Some("the NVIDIA fabric answer has no entry for this GPU".into()),
+                        None => {
+                            acc.fabric_note =
+                                Some("the NVIDIA fabric answer has no entry for this GPU".into())
+                        }
                     }
                 }
             }
             "amd" => {
                 for acc in &mut group.accelerators {
-                    let path = format!("bus/pci/devices/{}/xgmi_hive_info/xgmi_hive_id", acc.pci_bus_id);
+                    let path = format!(
+                        "bus/pci/devices/{}/xgmi_hive_info/xgmi_hive_id",
+                        acc.pci_bus_id
+                    );
                     match root.read_trimmed(&path) {
                         // The driver prints a 64-bit number; any alphanumeric
                         // token is kept verbatim, all zeros means "no hive".
-                        Ok(id) if !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric()) && !id.chars().all(|c| c == '0') => {
-                            acc.topology.fabric = Some(Fabric { kind: "xgmi".into(), id: Some(id), ..Default::default() });
+                        Ok(id)
+                            if !id.is_empty()
+                                && id.chars().all(|c| c.is_ascii_alphanumeric())
+                                && !id.chars().all(|c| c == '0') =>
+                        {
+                            acc.topology.fabric = Some(Fabric {
+                                kind: "xgmi".into(),
+                                id: Some(id),
+                                ..Default::default()
+                            });
                         }
                         Ok(id) => acc.fabric_note = Some(format!("{path} is {id:?}: no XGMI hive")),
                         Err(e) => acc.fabric_note = Some(format!("no XGMI hive: {e}")),
@@ -169,7 +209,10 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
                                 acc.topology.fabric = Some(fabric);
                                 acc.fabric_note = note;
                             }
-                            None => acc.fabric_note = Some("the Ascend fabric input has no entry for this NPU".into()),
+                            None => {
+                                acc.fabric_note =
+                                    Some("the Ascend fabric input has no entry for this NPU".into())
+                            }
                         },
                         Err(e) => acc.fabric_note = Some(e.clone()),
                     }
@@ -177,7 +220,9 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
             }
             "cambricon" => {
                 for acc in &mut group.accelerators {
-                    acc.fabric_note = Some("Cambricon MLU-Link reports no domain identity, only per-link peers".into());
+                    acc.fabric_note = Some(
+                        "Cambricon MLU-Link reports no domain identity, only per-link peers".into(),
+                    );
                 }
             }
             other => {
@@ -191,7 +236,12 @@ pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previou
 
 /// An unreadable answer for a whole manufacturer: each accelerator keeps what
 /// the previous record said for it, and one warning says so for the pass.
-fn keep_previous(accs: &mut [crate::record::Accelerator], maker: &str, e: &str, previous: Option<&NodeRecord>) {
+fn keep_previous(
+    accs: &mut [crate::record::Accelerator],
+    maker: &str,
+    e: &str,
+    previous: Option<&NodeRecord>,
+) {
     let mut kept = 0;
     for acc in accs.iter_mut() {
         acc.topology.fabric = previous
@@ -209,4 +259,3 @@ fn keep_previous(accs: &mut [crate::record::Accelerator], maker: &str, e: &str, 
         warn!("{maker} fabric unreadable, and no previous answer to keep: {e}");
     }
 }
-

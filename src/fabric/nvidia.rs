@@ -65,7 +65,9 @@ pub fn parse_any(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError>
         return parse_xml(text);
     }
     if head.starts_with('{') || head.starts_with('[') {
-        return Err(ParseError::Input("it is JSON; give the text of -q or the XML of -q -x".into()));
+        return Err(ParseError::Input(
+            "it is JSON; give the text of -q or the XML of -q -x".into(),
+        ));
     }
     parse(text)
 }
@@ -74,26 +76,38 @@ pub fn parse_any(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError>
 /// `ClusterUUID` name one field: driver releases have spelled XML tags
 /// differently, and the value is what matters.
 fn tag_key(name: &str) -> String {
-    name.chars().filter(|c| *c != '_').flat_map(char::to_lowercase).collect()
+    name.chars()
+        .filter(|c| *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 /// Parses the XML of `nvidia-smi -q -x`: `<gpu id="…">` elements under
 /// `<nvidia_smi_log>`, each with an optional `<fabric>` block.
 pub fn parse_xml(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
-    let opts = roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() };
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
     let doc = roxmltree::Document::parse_with_options(text, opts)
         .map_err(|e| ParseError::Input(format!("malformed XML: {e}")))?;
     let root = doc.root_element();
     if root.tag_name().name() != "nvidia_smi_log" {
-        return Err(ParseError::Input(format!("XML root is <{}>, not <nvidia_smi_log>", root.tag_name().name())));
+        return Err(ParseError::Input(format!(
+            "XML root is <{}>, not <nvidia_smi_log>",
+            root.tag_name().name()
+        )));
     }
     let gpus: Vec<_> = root.children().filter(|n| n.has_tag_name("gpu")).collect();
     check_count(announced_xml(&root), gpus.len())?;
     let mut out = BTreeMap::new();
     for gpu in gpus {
         let id = gpu.attribute("id").unwrap_or_default();
-        let addr = pci::normalize(id).ok_or_else(|| ParseError::Input(format!("<gpu id={id:?}> is not a PCI address")))?;
-        let Some(fabric) = gpu.children().find(|n| n.has_tag_name("fabric")) else { continue };
+        let addr = pci::normalize(id)
+            .ok_or_else(|| ParseError::Input(format!("<gpu id={id:?}> is not a PCI address")))?;
+        let Some(fabric) = gpu.children().find(|n| n.has_tag_name("fabric")) else {
+            continue;
+        };
         let mut info = FabricInfo::default();
         for field in fabric.children().filter(|n| n.is_element()) {
             let value = Some(field.text().unwrap_or_default().trim().to_string());
@@ -112,15 +126,24 @@ pub fn parse_xml(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError>
 
 /// `<attached_gpus>` of the XML, where present.
 fn announced_xml(root: &roxmltree::Node) -> Option<usize> {
-    root.children().find(|n| n.has_tag_name("attached_gpus"))?.text()?.trim().parse().ok()
+    root.children()
+        .find(|n| n.has_tag_name("attached_gpus"))?
+        .text()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// An answer announcing N GPUs must hold N GPU sections: fewer is a dump cut
 /// short, whose missing GPUs would otherwise read as "no fabric".
 fn check_count(announced: Option<usize>, found: usize) -> Result<(), ParseError> {
     match announced {
-        None => Err(ParseError::Input("no \"Attached GPUs\" count: not the output of nvidia-smi -q".into())),
-        Some(n) if n != found => Err(ParseError::Input(format!("it announces {n} attached GPUs but holds {found}: truncated"))),
+        None => Err(ParseError::Input(
+            "no \"Attached GPUs\" count: not the output of nvidia-smi -q".into(),
+        )),
+        Some(n) if n != found => Err(ParseError::Input(format!(
+            "it announces {n} attached GPUs but holds {found}: truncated"
+        ))),
         Some(_) => Ok(()),
     }
 }
@@ -165,13 +188,18 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
         }
         if trimmed == "Fabric" {
             let Some(g) = &gpu else {
-                return Err(ParseError::Line { line: n, why: "Fabric block outside a GPU section".into() });
+                return Err(ParseError::Line {
+                    line: n,
+                    why: "Fabric block outside a GPU section".into(),
+                });
             };
             out.insert(g.clone(), FabricInfo::default());
             in_fabric = Some(indent(line));
             continue;
         }
-        let Some(fabric_indent) = in_fabric else { continue };
+        let Some(fabric_indent) = in_fabric else {
+            continue;
+        };
         if indent(line) <= fabric_indent {
             in_fabric = None;
             continue;
@@ -179,7 +207,9 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
         let Some((key, value)) = trimmed.split_once(':') else {
             continue; // a nested heading such as "Health"
         };
-        let info = out.get_mut(gpu.as_ref().expect("in a GPU section")).expect("inserted above");
+        let info = out
+            .get_mut(gpu.as_ref().expect("in a GPU section"))
+            .expect("inserted above");
         let value = Some(value.trim().to_string());
         match key.trim() {
             "State" => info.state = value,
@@ -195,13 +225,20 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
     // Fabric block with the section's next field, and prints the block for
     // every GPU or for none.
     if !text.ends_with('\n') {
-        return Err(ParseError::Input("the last line has no newline: truncated".into()));
+        return Err(ParseError::Input(
+            "the last line has no newline: truncated".into(),
+        ));
     }
     if in_fabric.is_some() {
-        return Err(ParseError::Input("it ends inside a Fabric block: truncated".into()));
+        return Err(ParseError::Input(
+            "it ends inside a Fabric block: truncated".into(),
+        ));
     }
     if !out.is_empty() && out.len() != sections {
-        return Err(ParseError::Input(format!("{} of {sections} GPU sections have a Fabric block: truncated or spliced", out.len())));
+        return Err(ParseError::Input(format!(
+            "{} of {sections} GPU sections have a Fabric block: truncated or spliced",
+            out.len()
+        )));
     }
     Ok(out)
 }
@@ -210,21 +247,33 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
 pub fn fabric(info: &FabricInfo) -> Result<Fabric, String> {
     let state = info.state.as_deref().unwrap_or("absent");
     if state != "Completed" {
-        return Err(format!("NVLink fabric registration state is {state:?}, not Completed"));
+        return Err(format!(
+            "NVLink fabric registration state is {state:?}, not Completed"
+        ));
     }
     let status = info.status.as_deref().unwrap_or("absent");
     if status != "Success" {
-        return Err(format!("NVLink fabric registration completed with status {status:?}"));
+        return Err(format!(
+            "NVLink fabric registration completed with status {status:?}"
+        ));
     }
     let uuid = info.cluster_uuid.as_deref().unwrap_or("");
-    let hex: String = uuid.chars().filter(|c| *c != '-').collect::<String>().to_ascii_lowercase();
+    let hex: String = uuid
+        .chars()
+        .filter(|c| *c != '-')
+        .collect::<String>()
+        .to_ascii_lowercase();
     if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("NVLink cluster UUID {uuid:?} is not a UUID"));
     }
     if hex.chars().all(|c| c == '0') {
         return Err("NVLink cluster UUID is all zeros: no cluster assigned".into());
     }
-    let clique = info.clique_id.as_deref().map(str::trim).filter(|c| !c.is_empty() && *c != "N/A");
+    let clique = info
+        .clique_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && *c != "N/A");
     if let Some(c) = clique {
         if !c.chars().all(|ch| ch.is_ascii_digit()) {
             return Err(format!("NVLink clique id {c:?} is not a number"));

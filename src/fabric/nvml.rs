@@ -44,15 +44,30 @@ pub fn read(lib: Option<&OsStr>) -> Result<BTreeMap<String, FabricInfo>, NvmlErr
     let nvml = Nvml::builder()
         .lib_path(lib_name)
         .init()
-        .map_err(|source| NvmlError::Unavailable { lib: lib_name.to_string_lossy().into_owned(), source })?;
-    let call = |call: &'static str| move |e: nvml_wrapper::error::NvmlError| NvmlError::Call { call, why: e.to_string() };
+        .map_err(|source| NvmlError::Unavailable {
+            lib: lib_name.to_string_lossy().into_owned(),
+            source,
+        })?;
+    let call = |call: &'static str| {
+        move |e: nvml_wrapper::error::NvmlError| NvmlError::Call {
+            call,
+            why: e.to_string(),
+        }
+    };
     let count = nvml.device_count().map_err(call("nvmlDeviceGetCount"))?;
     let mut out = BTreeMap::new();
     for index in 0..count {
-        let device = nvml.device_by_index(index).map_err(call("nvmlDeviceGetHandleByIndex"))?;
-        let bus_id = device.pci_info().map_err(call("nvmlDeviceGetPciInfo"))?.bus_id;
-        let address = pci::normalize(&bus_id)
-            .ok_or_else(|| NvmlError::Call { call: "nvmlDeviceGetPciInfo", why: format!("{bus_id:?} is not a PCI address") })?;
+        let device = nvml
+            .device_by_index(index)
+            .map_err(call("nvmlDeviceGetHandleByIndex"))?;
+        let bus_id = device
+            .pci_info()
+            .map_err(call("nvmlDeviceGetPciInfo"))?
+            .bus_id;
+        let address = pci::normalize(&bus_id).ok_or_else(|| NvmlError::Call {
+            call: "nvmlDeviceGetPciInfo",
+            why: format!("{bus_id:?} is not a PCI address"),
+        })?;
         // SAFETY: the handle comes from this Nvml instance, which outlives the call.
         let info = unsafe { gpu_fabric_info(&nvml, device.handle()) }?;
         out.insert(address, info);
@@ -74,7 +89,12 @@ unsafe fn gpu_fabric_info(nvml: &Nvml, device: sys::nvmlDevice_t) -> Result<Fabr
     // The symbol is missing on drivers before fabric info existed; the
     // binding's own wrapper would panic then, so the Result is checked here.
     let Ok(f) = nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref() else {
-        return Ok(from_raw(sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED as u8, sys::nvmlReturn_enum_NVML_SUCCESS, 0, [0; 16]));
+        return Ok(from_raw(
+            sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED as u8,
+            sys::nvmlReturn_enum_NVML_SUCCESS,
+            0,
+            [0; 16],
+        ));
     };
     // SAFETY: a plain C struct of integers and a byte array; all-zero is a valid value.
     let mut info: sys::nvmlGpuFabricInfo_v3_t = unsafe { std::mem::zeroed() };
@@ -83,12 +103,25 @@ unsafe fn gpu_fabric_info(nvml: &Nvml, device: sys::nvmlDevice_t) -> Result<Fabr
     // struct of the size and version the call is told about.
     let rc = unsafe { f(device, &mut info) };
     if rc == sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED {
-        return Ok(from_raw(sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED as u8, sys::nvmlReturn_enum_NVML_SUCCESS, 0, [0; 16]));
+        return Ok(from_raw(
+            sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED as u8,
+            sys::nvmlReturn_enum_NVML_SUCCESS,
+            0,
+            [0; 16],
+        ));
     }
     if rc != sys::nvmlReturn_enum_NVML_SUCCESS {
-        return Err(NvmlError::Call { call: "nvmlDeviceGetGpuFabricInfoV", why: format!("returned {rc}") });
+        return Err(NvmlError::Call {
+            call: "nvmlDeviceGetGpuFabricInfoV",
+            why: format!("returned {rc}"),
+        });
     }
-    Ok(from_raw(info.state, info.status, info.cliqueId, info.clusterUuid))
+    Ok(from_raw(
+        info.state,
+        info.status,
+        info.cliqueId,
+        info.clusterUuid,
+    ))
 }
 
 /// NVML's numeric answer in the words `nvidia-smi -q` prints, so the same
@@ -102,10 +135,26 @@ pub fn from_raw(state: u8, status: u32, clique_id: u32, cluster_uuid: [u8; 16]) 
         sys::NVML_GPU_FABRIC_STATE_COMPLETED => "Completed".to_string(),
         other => format!("unknown state {other}"),
     };
-    let status = if status == sys::nvmlReturn_enum_NVML_SUCCESS { "Success".to_string() } else { format!("NVML error {status}") };
+    let status = if status == sys::nvmlReturn_enum_NVML_SUCCESS {
+        "Success".to_string()
+    } else {
+        format!("NVML error {status}")
+    };
     let hex: String = cluster_uuid.iter().map(|b| format!("{b:02x}")).collect();
-    let uuid = format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32]);
-    FabricInfo { state: Some(state), status: Some(status), clique_id: Some(clique_id.to_string()), cluster_uuid: Some(uuid) }
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    FabricInfo {
+        state: Some(state),
+        status: Some(status),
+        clique_id: Some(clique_id.to_string()),
+        cluster_uuid: Some(uuid),
+    }
 }
 
 #[cfg(test)]
@@ -113,18 +162,31 @@ mod tests {
     use super::*;
     use crate::fabric::nvidia::fabric;
 
-    const UUID: [u8; 16] = [0x5b, 0x0e, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xef];
+    const UUID: [u8; 16] = [
+        0x5b, 0x0e, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd,
+        0xef,
+    ];
 
     #[test]
     fn raw_answers_follow_the_same_rules_as_nvidia_smi() {
         let done = fabric(&from_raw(3, 0, 7, UUID)).unwrap();
         assert_eq!(done.id.as_deref(), Some("5b0e112233445566778899aabbccddef"));
         assert_eq!(done.clique_id.as_deref(), Some("7"));
-        assert!(fabric(&from_raw(2, 0, 7, UUID)).unwrap_err().contains("In Progress"));
-        assert!(fabric(&from_raw(1, 0, 0, [0; 16])).unwrap_err().contains("Not Started"));
-        assert!(fabric(&from_raw(0, 0, 0, [0; 16])).unwrap_err().contains("Not Supported"));
-        assert!(fabric(&from_raw(3, 999, 7, UUID)).unwrap_err().contains("NVML error 999"));
-        assert!(fabric(&from_raw(3, 0, 7, [0; 16])).unwrap_err().contains("all zeros"));
+        assert!(fabric(&from_raw(2, 0, 7, UUID))
+            .unwrap_err()
+            .contains("In Progress"));
+        assert!(fabric(&from_raw(1, 0, 0, [0; 16]))
+            .unwrap_err()
+            .contains("Not Started"));
+        assert!(fabric(&from_raw(0, 0, 0, [0; 16]))
+            .unwrap_err()
+            .contains("Not Supported"));
+        assert!(fabric(&from_raw(3, 999, 7, UUID))
+            .unwrap_err()
+            .contains("NVML error 999"));
+        assert!(fabric(&from_raw(3, 0, 7, [0; 16]))
+            .unwrap_err()
+            .contains("all zeros"));
     }
 
     #[test]
@@ -132,13 +194,19 @@ mod tests {
         // NVML_STRUCT_VERSION(GpuFabricInfo, 3) = sizeof | 3 << 24.
         let v = fabric_info_version();
         assert_eq!(v >> 24, 3);
-        assert_eq!((v & 0xff_ffff) as usize, std::mem::size_of::<sys::nvmlGpuFabricInfo_v3_t>());
+        assert_eq!(
+            (v & 0xff_ffff) as usize,
+            std::mem::size_of::<sys::nvmlGpuFabricInfo_v3_t>()
+        );
     }
 
     #[test]
     fn a_missing_library_is_a_clean_error() {
         let e = read(Some(OsStr::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
         assert!(matches!(e, NvmlError::Unavailable { .. }), "{e}");
-        assert!(e.to_string().contains("/nonexistent/libnvidia-ml.so.1"), "{e}");
+        assert!(
+            e.to_string().contains("/nonexistent/libnvidia-ml.so.1"),
+            "{e}"
+        );
     }
 }

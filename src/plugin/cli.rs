@@ -120,7 +120,6 @@ pub struct PluginCli {
     pub log_level: tracing::Level,
 }
 
-
 fn parse_poll_interval(s: &str) -> Result<Duration, String> {
     duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
 }

@@ -298,7 +298,8 @@ mod tests {
         let err = probe(&still, &still.join("spec.json")).unwrap_err();
         assert_eq!(err.cause(), "folder_deleted");
         assert!(
-            err.to_string().contains("deleted on the host while mounted here"),
+            err.to_string()
+                .contains("deleted on the host while mounted here"),
             "{err}"
         );
     }

@@ -137,7 +137,12 @@ impl RailConfig {
     /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]), or a pipe not written to
     /// its end within `wait`.
     pub fn read(path: &Path, wait: std::time::Duration) -> Result<RailConfig> {
-        let text = crate::input::read_text(path, MAX_CONFIG_BYTES, "a rails values file", crate::input::Pipes::Wait(wait))?;
+        let text = crate::input::read_text(
+            path,
+            MAX_CONFIG_BYTES,
+            "a rails values file",
+            crate::input::Pipes::Wait(wait),
+        )?;
         RailConfig::parse(&text, path)
     }
 }

@@ -434,12 +434,21 @@ pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
 /// shell's `<(…)` written to its end within `wait`), refusing one over
 /// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
 fn read_text(path: &std::path::Path, wait: std::time::Duration) -> Result<String> {
-    Ok(crate::input::read_text(path, MAX_SAVED_OUTPUT, "a saved tool output", crate::input::Pipes::Wait(wait))?)
+    Ok(crate::input::read_text(
+        path,
+        MAX_SAVED_OUTPUT,
+        "a saved tool output",
+        crate::input::Pipes::Wait(wait),
+    )?)
 }
 
 /// Runs nvidia-smi with the pass's tool timeout; `Ok(None)` when the binary
 /// does not exist.
-fn run_nvidia_smi(bin: &std::path::Path, args: &[&str], timeout: std::time::Duration) -> Result<Option<String>> {
+fn run_nvidia_smi(
+    bin: &std::path::Path,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Result<Option<String>> {
     crate::tool::output_if_installed(bin, args, timeout).map_err(anyhow::Error::msg)
 }
 

@@ -132,7 +132,8 @@ impl State {
 
     /// Records a watch event for an object of `resource` in `ns`.
     fn event(&mut self, rv: u64, resource: &str, ns: &str, kind: &'static str, obj: Value) {
-        self.events.push((rv, resource.to_string(), ns.to_string(), kind, obj));
+        self.events
+            .push((rv, resource.to_string(), ns.to_string(), kind, obj));
     }
 
     fn uid(&mut self) -> String {
@@ -178,8 +179,17 @@ impl State {
         let obj = json!({"apiVersion": RECORDS_API, "kind": "NodeRailRecord",
             "metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]},
             "spec": spec});
-        let (code, out) = apply_record(self, name, "nodefabric", true, &serde_json::to_vec(&obj).unwrap());
-        assert!(code < 300, "the test's NodeRailRecord is invalid ({code}): {out}");
+        let (code, out) = apply_record(
+            self,
+            name,
+            "nodefabric",
+            true,
+            &serde_json::to_vec(&obj).unwrap(),
+        );
+        assert!(
+            code < 300,
+            "the test's NodeRailRecord is invalid ({code}): {out}"
+        );
         out["metadata"]["uid"].as_str().unwrap().to_string()
     }
 
@@ -198,16 +208,29 @@ impl State {
             .objects
             .iter()
             .filter(|((r, _, _), _)| r == "nodes")
-            .map(|((_, _, n), o)| (n.clone(), o["metadata"]["uid"].as_str().unwrap_or("").to_string()))
+            .map(|((_, _, n), o)| {
+                (
+                    n.clone(),
+                    o["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+                )
+            })
             .collect();
         let doomed: Vec<String> = self
             .objects
             .iter()
             .filter(|((r, _, _), _)| r == RECORDS)
             .filter(|(_, o)| {
-                o["metadata"]["ownerReferences"].as_array().into_iter().flatten().any(|r| {
-                    r["kind"] == "Node" && node_uids.get(r["name"].as_str().unwrap_or("")).map(String::as_str) != r["uid"].as_str()
-                })
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| {
+                        r["kind"] == "Node"
+                            && node_uids
+                                .get(r["name"].as_str().unwrap_or(""))
+                                .map(String::as_str)
+                                != r["uid"].as_str()
+                    })
             })
             .map(|((_, _, n), _)| n.clone())
             .collect();
@@ -509,7 +532,8 @@ fn reply(code: u16, body: &Value) -> Response<Body> {
     if let Value::String(text) = body {
         let mut r = Response::new(Full::new(Bytes::from(text.clone())).boxed());
         *r.status_mut() = StatusCode::from_u16(code).unwrap();
-        r.headers_mut().insert("content-type", "text/plain; charset=utf-8".parse().unwrap());
+        r.headers_mut()
+            .insert("content-type", "text/plain; charset=utf-8".parse().unwrap());
         return r;
     }
     let bytes = Bytes::from(serde_json::to_vec(body).unwrap());
@@ -679,23 +703,33 @@ async fn serve(
         let served = match segments.as_slice() {
             ["api", "v1", r] => Some((r.to_string(), String::new())),
             ["api", "v1", "namespaces", ns, r] => Some((r.to_string(), ns.to_string())),
-            ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS] if state.lock().unwrap().crd.is_some() => {
+            ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS]
+                if state.lock().unwrap().crd.is_some() =>
+            {
                 Some((RECORDS.to_string(), String::new()))
             }
             _ => None,
         };
         if let Some((resource, ns)) = served {
-            return watch(&state, wake, &query, partial, (&resource, &ns), |s, code| log(s, code));
+            return watch(
+                &state,
+                wake,
+                &query,
+                partial,
+                (&resource, &ns),
+                |s, code| log(s, code),
+            );
         }
     }
 
     let (code, answer) = {
         let mut s = state.lock().unwrap();
         // A fault for this request?
-        let at = s
-            .faults
-            .iter()
-            .position(|f| f.method == method && f.path == path && f.query.as_deref().is_none_or(|q| query.contains(q)));
+        let at = s.faults.iter().position(|f| {
+            f.method == method
+                && f.path == path
+                && f.query.as_deref().is_none_or(|q| query.contains(q))
+        });
         let injected = at.map(|i| s.faults.remove(i)).and_then(|f| match f.action {
             Action::Respond(code) => {
                 let reason = match code {
@@ -703,7 +737,12 @@ async fn serve(
                     410 => "Expired",
                     _ => "InternalError",
                 };
-                Some(Err(Some(status(code, reason, &format!("injected failure {code}"), Value::Null))))
+                Some(Err(Some(status(
+                    code,
+                    reason,
+                    &format!("injected failure {code}"),
+                    Value::Null,
+                ))))
             }
             Action::Raw(code, body) => Some(Ok((code, body))),
             Action::Hang => Some(Err(None)),
@@ -809,11 +848,21 @@ fn route(
             patch_configmap(s, ns, name, content_type, body)
         }
         (_, ["apis", "nodefabric.gpustack.ai", "v1alpha1", RECORDS, ..]) if s.crd.is_some() => {
-            records(s, method.as_str(), &seg[4..], query, content_type, body, partial)
+            records(
+                s,
+                method.as_str(),
+                &seg[4..],
+                query,
+                content_type,
+                body,
+                partial,
+            )
         }
         // A group the server does not serve (the CRD not installed): its
         // NotFound handler answers any method in plain text, not a Status.
-        (_, ["apis", "nodefabric.gpustack.ai", ..]) => (404, Value::String("404 page not found\n".into())),
+        (_, ["apis", "nodefabric.gpustack.ai", ..]) => {
+            (404, Value::String("404 page not found\n".into()))
+        }
         (m, _) if !["GET", "POST", "PATCH"].contains(&m) => status(
             405,
             "MethodNotAllowed",
@@ -1000,7 +1049,8 @@ fn watch(
     log: impl Fn(&mut State, u16),
 ) -> Response<Body> {
     let (resource, ns) = (resource.to_string(), ns.to_string());
-    let only = query_param(query, "fieldSelector").and_then(|f| f.strip_prefix("metadata.name=").map(str::to_string));
+    let only = query_param(query, "fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_string));
     let from: u64 = query_param(query, "resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
@@ -1045,7 +1095,9 @@ fn watch(
                             && *rv <= horizon
                             && *r == resource
                             && *n == ns
-                            && only.as_deref().is_none_or(|name| o["metadata"]["name"] == name)
+                            && only
+                                .as_deref()
+                                .is_none_or(|name| o["metadata"]["name"] == name)
                     })
                     .map(|(rv, _, _, t, o)| {
                         (
@@ -1110,7 +1162,12 @@ fn records(
             patch_record(s, name, &manager, content_type, body)
         }
         ("DELETE", [name]) => delete_record(s, name, body),
-        _ => status(405, "MethodNotAllowed", &format!("{method} is not supported here"), Value::Null),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{method} is not supported here"),
+            Value::Null,
+        ),
     }
 }
 
@@ -1125,20 +1182,34 @@ fn record_not_found(name: &str) -> (u16, Value) {
 
 /// A page of records in name order; `continue` is the last name served.
 fn list_records(s: &State, query: &str, partial: bool) -> (u16, Value) {
-    let only = query_param(query, "fieldSelector").map(|f| match f.strip_prefix("metadata.name=") {
-        Some(n) => Ok(n.to_string()),
-        None => Err(f),
-    });
+    let only =
+        query_param(query, "fieldSelector").map(|f| match f.strip_prefix("metadata.name=") {
+            Some(n) => Ok(n.to_string()),
+            None => Err(f),
+        });
     let only = match only {
-        Some(Err(f)) => return status(400, "BadRequest", &format!("field label not supported: {f}"), Value::Null),
+        Some(Err(f)) => {
+            return status(
+                400,
+                "BadRequest",
+                &format!("field label not supported: {f}"),
+                Value::Null,
+            )
+        }
         Some(Ok(n)) => Some(n),
         None => None,
     };
-    let limit: usize = query_param(query, "limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let limit: usize = query_param(query, "limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
     let after = query_param(query, "continue").filter(|c| !c.is_empty());
     let mut items = Vec::new();
     let mut more = None;
-    for ((r, _, name), o) in s.objects.range(key(RECORDS, "", after.as_deref().unwrap_or(""))..) {
+    for ((r, _, name), o) in s
+        .objects
+        .range(key(RECORDS, "", after.as_deref().unwrap_or(""))..)
+    {
         if r != RECORDS {
             break;
         }
@@ -1146,17 +1217,26 @@ fn list_records(s: &State, query: &str, partial: bool) -> (u16, Value) {
             continue;
         }
         if items.len() == limit {
-            more = items.last().map(|i: &Value| i["metadata"]["name"].as_str().unwrap().to_string());
+            more = items
+                .last()
+                .map(|i: &Value| i["metadata"]["name"].as_str().unwrap().to_string());
             break;
         }
         items.push(shape(o, partial));
     }
-    let (api, kind) = if partial { ("meta.k8s.io/v1", "PartialObjectMetadataList") } else { (RECORDS_API, "NodeRailRecordList") };
+    let (api, kind) = if partial {
+        ("meta.k8s.io/v1", "PartialObjectMetadataList")
+    } else {
+        (RECORDS_API, "NodeRailRecordList")
+    };
     let mut meta = json!({"resourceVersion": s.rv.to_string()});
     if let Some(c) = more {
         meta["continue"] = json!(c);
     }
-    (200, json!({"apiVersion": api, "kind": kind, "metadata": meta, "items": items}))
+    (
+        200,
+        json!({"apiVersion": api, "kind": kind, "metadata": meta, "items": items}),
+    )
 }
 
 /// Drops what the schema does not declare, as the API server prunes a
@@ -1190,19 +1270,47 @@ fn prune(v: &mut Value, schema: &Value) {
 /// kind, the name, ownerReferences' required fields, and the CRD schema.
 fn check_record(s: &State, name: &str, obj: &mut Value) -> Result<(), (u16, Value)> {
     let invalid = |field: &str, msg: String| {
-        let full = format!("NodeRailRecord.nodefabric.gpustack.ai \"{name}\" is invalid: {field}: {msg}");
-        status(422, "Invalid", &full, json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": "NodeRailRecord", "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": field}]}))
+        let full =
+            format!("NodeRailRecord.nodefabric.gpustack.ai \"{name}\" is invalid: {field}: {msg}");
+        status(
+            422,
+            "Invalid",
+            &full,
+            json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": "NodeRailRecord", "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": field}]}),
+        )
     };
     if obj["apiVersion"] != RECORDS_API || obj["kind"] != "NodeRailRecord" {
-        return Err(status(400, "BadRequest", &format!("the object's apiVersion/kind {}/{} is not {RECORDS_API}/NodeRailRecord", obj["apiVersion"], obj["kind"]), Value::Null));
+        return Err(status(
+            400,
+            "BadRequest",
+            &format!(
+                "the object's apiVersion/kind {}/{} is not {RECORDS_API}/NodeRailRecord",
+                obj["apiVersion"], obj["kind"]
+            ),
+            Value::Null,
+        ));
     }
     if obj["metadata"]["name"] != name {
-        return Err(status(400, "BadRequest", "the name of the object does not match the name on the URL", Value::Null));
+        return Err(status(
+            400,
+            "BadRequest",
+            "the name of the object does not match the name on the URL",
+            Value::Null,
+        ));
     }
-    for (i, r) in obj["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default().iter().enumerate() {
+    for (i, r) in obj["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
         for f in ["apiVersion", "kind", "name", "uid"] {
             if r[f].as_str().is_none_or(str::is_empty) {
-                return Err(invalid(&format!("metadata.ownerReferences[{i}].{f}"), "Invalid value: \"\": must not be empty".into()));
+                return Err(invalid(
+                    &format!("metadata.ownerReferences[{i}].{f}"),
+                    "Invalid value: \"\": must not be empty".into(),
+                ));
             }
         }
     }
@@ -1233,18 +1341,37 @@ fn store_record(s: &mut State, name: &str, mut next: Value, created: bool) -> (u
     let rv = s.bump();
     next["metadata"]["resourceVersion"] = json!(rv.to_string());
     s.objects.insert(key(RECORDS, "", name), next.clone());
-    s.event(rv, RECORDS, "", if created { "ADDED" } else { "MODIFIED" }, next.clone());
+    s.event(
+        rv,
+        RECORDS,
+        "",
+        if created { "ADDED" } else { "MODIFIED" },
+        next.clone(),
+    );
     (if created { 201 } else { 200 }, next)
 }
 
 /// Server-side apply: creates the object when absent; otherwise the
 /// manager's applied fields replace those it owned. A spec another manager
 /// wrote last is a conflict (409) unless forced.
-fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u8]) -> (u16, Value) {
+fn apply_record(
+    s: &mut State,
+    name: &str,
+    manager: &str,
+    force: bool,
+    body: &[u8],
+) -> (u16, Value) {
     let text = String::from_utf8_lossy(body);
     let mut applied: Value = match serde_saphyr::from_str(&text) {
         Ok(v) => v,
-        Err(e) => return status(400, "BadRequest", &format!("error decoding YAML: {e}"), Value::Null),
+        Err(e) => {
+            return status(
+                400,
+                "BadRequest",
+                &format!("error decoding YAML: {e}"),
+                Value::Null,
+            )
+        }
     };
     if let Err(e) = check_record(s, name, &mut applied) {
         return e;
@@ -1260,13 +1387,28 @@ fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u
             o
         }
         Some(c) => {
-            if !force && !own.spec.is_empty() && own.spec != manager && applied.get("spec").is_some() && applied["spec"] != c["spec"] {
-                let msg = format!("Apply failed with 1 conflict: conflict with \"{}\": .spec", own.spec);
-                return status(409, "Conflict", &msg, json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": RECORDS, "causes": [{"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", own.spec), "field": ".spec"}]}));
+            if !force
+                && !own.spec.is_empty()
+                && own.spec != manager
+                && applied.get("spec").is_some()
+                && applied["spec"] != c["spec"]
+            {
+                let msg = format!(
+                    "Apply failed with 1 conflict: conflict with \"{}\": .spec",
+                    own.spec
+                );
+                return status(
+                    409,
+                    "Conflict",
+                    &msg,
+                    json!({"name": name, "group": "nodefabric.gpustack.ai", "kind": RECORDS, "causes": [{"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", own.spec), "field": ".spec"}]}),
+                );
             }
             let mut o = c.clone();
             if let Some(spec) = applied.get("spec") {
-                let atomic = s.crd.as_ref().unwrap().schema["properties"]["spec"]["x-kubernetes-map-type"] == "atomic";
+                let atomic = s.crd.as_ref().unwrap().schema["properties"]["spec"]
+                    ["x-kubernetes-map-type"]
+                    == "atomic";
                 if atomic {
                     // The applier owns the whole spec: it replaces it.
                     o["spec"] = spec.clone();
@@ -1276,11 +1418,18 @@ fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u
                 }
             }
             // Labels: this manager's earlier keys go, its applied keys are set, others' stay.
-            let mut labels = c["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+            let mut labels = c["metadata"]["labels"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
             for k in own.labels.get(manager).into_iter().flatten() {
                 labels.remove(k);
             }
-            for (k, v) in applied["metadata"]["labels"].as_object().into_iter().flatten() {
+            for (k, v) in applied["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+            {
                 labels.insert(k.clone(), v.clone());
             }
             o["metadata"]["labels"] = Value::Object(labels);
@@ -1289,12 +1438,18 @@ fn apply_record(s: &mut State, name: &str, manager: &str, force: bool, body: &[u
         }
     };
     if next["metadata"]["ownerReferences"].is_null() {
-        next["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+        next["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
     }
     own.spec = manager.to_string();
     own.labels.insert(
         manager.to_string(),
-        applied["metadata"]["labels"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default(),
+        applied["metadata"]["labels"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default(),
     );
     let created = s.record(name).is_none();
     next["metadata"]["managedFields"] = managed_fields(&own, &next);
@@ -1311,10 +1466,18 @@ fn managed_fields(own: &Ownership, obj: &Value) -> Value {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|r| (format!("k:{{\"uid\":\"{}\"}}", r["uid"].as_str().unwrap_or("")), json!({})))
+        .map(|r| {
+            (
+                format!("k:{{\"uid\":\"{}\"}}", r["uid"].as_str().unwrap_or("")),
+                json!({}),
+            )
+        })
         .collect();
     for (manager, labels) in &own.labels {
-        let labels: serde_json::Map<String, Value> = labels.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|k| (format!("f:{k}"), json!({})))
+            .collect();
         let mut fields = json!({"f:metadata": {"f:labels": labels, "f:ownerReferences": refs}});
         if own.spec == *manager {
             fields["f:spec"] = json!({});
@@ -1328,7 +1491,13 @@ fn managed_fields(own: &Ownership, obj: &Value) -> Value {
 }
 
 /// A merge patch (as `kubectl edit` sends), making `manager` the spec's owner.
-fn patch_record(s: &mut State, name: &str, manager: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
+fn patch_record(
+    s: &mut State,
+    name: &str,
+    manager: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, Value) {
     let Some(current) = s.record(name).cloned() else {
         return record_not_found(name);
     };
@@ -1337,7 +1506,14 @@ fn patch_record(s: &mut State, name: &str, manager: &str, content_type: &str, bo
     }
     let patch: Value = match serde_json::from_slice(body) {
         Ok(p) => p,
-        Err(e) => return status(400, "BadRequest", &format!("the patch is not JSON: {e}"), Value::Null),
+        Err(e) => {
+            return status(
+                400,
+                "BadRequest",
+                &format!("the patch is not JSON: {e}"),
+                Value::Null,
+            )
+        }
     };
     let mut next = current.clone();
     json_patch::merge(&mut next, &patch);
@@ -1347,7 +1523,8 @@ fn patch_record(s: &mut State, name: &str, manager: &str, content_type: &str, bo
     if next["spec"] != current["spec"] {
         s.owners.entry(name.to_string()).or_default().spec = manager.to_string();
     }
-    next["metadata"]["managedFields"] = managed_fields(&s.owners.get(name).cloned().unwrap_or_default(), &next);
+    next["metadata"]["managedFields"] =
+        managed_fields(&s.owners.get(name).cloned().unwrap_or_default(), &next);
     store_record(s, name, next, false)
 }
 
@@ -1357,10 +1534,19 @@ fn delete_record(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
     let Some(current) = s.record(name).cloned() else {
         return record_not_found(name);
     };
-    let options: Value = if body.is_empty() { json!({}) } else {
+    let options: Value = if body.is_empty() {
+        json!({})
+    } else {
         match serde_json::from_slice(body) {
             Ok(v) => v,
-            Err(e) => return status(400, "BadRequest", &format!("the DeleteOptions are not JSON: {e}"), Value::Null),
+            Err(e) => {
+                return status(
+                    400,
+                    "BadRequest",
+                    &format!("the DeleteOptions are not JSON: {e}"),
+                    Value::Null,
+                )
+            }
         }
     };
     let conflict = |what: &str, want: &Value, have: &Value| {
@@ -1370,8 +1556,14 @@ fn delete_record(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
     if !pre["uid"].is_null() && pre["uid"] != current["metadata"]["uid"] {
         return conflict("UID", &pre["uid"], &current["metadata"]["uid"]);
     }
-    if !pre["resourceVersion"].is_null() && pre["resourceVersion"] != current["metadata"]["resourceVersion"] {
-        return conflict("ResourceVersion", &pre["resourceVersion"], &current["metadata"]["resourceVersion"]);
+    if !pre["resourceVersion"].is_null()
+        && pre["resourceVersion"] != current["metadata"]["resourceVersion"]
+    {
+        return conflict(
+            "ResourceVersion",
+            &pre["resourceVersion"],
+            &current["metadata"]["resourceVersion"],
+        );
     }
     s.objects.remove(&key(RECORDS, "", name));
     s.owners.remove(name);

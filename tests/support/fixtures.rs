@@ -41,15 +41,28 @@ pub struct Tree {
 /// The relative link text from the folder holding `link` to `target`, both
 /// relative to the tree root (what the kernel's sysfs links look like).
 fn relative(link: &str, target: &str) -> String {
-    let depth = Path::new(link).parent().map_or(0, |p| p.components().count());
+    let depth = Path::new(link)
+        .parent()
+        .map_or(0, |p| p.components().count());
     format!("{}{}", "../".repeat(depth), target)
 }
 
 impl Tree {
     /// Starts a tree with the folders every kernel has.
     pub fn new(root: &Path) -> Tree {
-        let t = Tree { root: root.to_path_buf(), next_uverbs: std::cell::Cell::new(0) };
-        for d in ["bus/pci/devices", "bus/platform/devices", "class/net", "class/infiniband", "class/infiniband_verbs", "class/misc", "devices/virtual/net"] {
+        let t = Tree {
+            root: root.to_path_buf(),
+            next_uverbs: std::cell::Cell::new(0),
+        };
+        for d in [
+            "bus/pci/devices",
+            "bus/platform/devices",
+            "class/net",
+            "class/infiniband",
+            "class/infiniband_verbs",
+            "class/misc",
+            "devices/virtual/net",
+        ] {
             t.mkdir(d);
         }
         t
@@ -120,7 +133,10 @@ impl Tree {
         let net = format!("{dev}/net/{name}");
         self.write(&format!("{net}/mtu"), &mtu.to_string());
         self.write(&format!("{net}/operstate"), if up { "up" } else { "down" });
-        self.write(&format!("{net}/flags"), if up { "0x1003" } else { "0x1002" });
+        self.write(
+            &format!("{net}/flags"),
+            if up { "0x1003" } else { "0x1002" },
+        );
         self.link(&format!("{net}/device"), dev);
         self.link(&format!("{net}/subsystem"), "class/net");
         self.link(&format!("class/net/{name}"), &net);
@@ -213,17 +229,33 @@ pub fn gpu8_named(dir: &Path, name: impl Fn(u32, u32) -> String) -> Tree {
         let b = host + 0x10 * (i % 4) + 0x10;
         let rp = addr(host, 1 + i % 4, 0);
         let usp = addr(b, 0, 0);
-        let gpu = [rp.as_str(), usp.as_str(), &addr(b + 1, 0, 0), &addr(b + 2, 0, 0)];
+        let gpu = [
+            rp.as_str(),
+            usp.as_str(),
+            &addr(b + 1, 0, 0),
+            &addr(b + 2, 0, 0),
+        ];
         t.pci(&gpu, NVIDIA, 0x2330, CLASS_3D, numa);
         // the GPU's HDMI-audio function is not an accelerator
-        let nic_chain = [rp.as_str(), usp.as_str(), &addr(b + 1, 1, 0), &addr(b + 3, 0, 0)];
+        let nic_chain = [
+            rp.as_str(),
+            usp.as_str(),
+            &addr(b + 1, 1, 0),
+            &addr(b + 3, 0, 0),
+        ];
         let nic = t.pci(&nic_chain, MELLANOX, 0x1021, CLASS_ETH, numa);
         t.netdev(&nic, &name(i, b + 3), 9000, true);
         t.rdma(&nic, &format!("mlx5_{i}"), &[UP]);
     }
     for (j, host) in [(0u32, 0x00u32), (1, 0x80)] {
         let rp = addr(host, 5, 0);
-        let nic = t.pci(&[rp.as_str(), &addr(host + 0x70, 0, 0)], MELLANOX, 0x101d, CLASS_ETH, j as i32);
+        let nic = t.pci(
+            &[rp.as_str(), &addr(host + 0x70, 0, 0)],
+            MELLANOX,
+            0x101d,
+            CLASS_ETH,
+            j as i32,
+        );
         t.netdev(&nic, &nic_name(host + 0x70), 9000, true);
         t.rdma(&nic, &format!("mlx5_{}", 8 + j), &[UP]);
     }
@@ -239,12 +271,45 @@ pub fn vf_only(dir: &Path) -> Tree {
     let t = Tree::new(dir);
     t.rdma_cm();
     let rp = addr(0x00, 2, 0);
-    t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 0, 0), &addr(0x03, 0, 0)], NVIDIA, 0x2330, CLASS_3D, 1);
-    let pf = t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 1, 0), &addr(0x04, 0, 0)], MELLANOX, 0x101d, CLASS_ETH, 1);
+    t.pci(
+        &[
+            rp.as_str(),
+            &addr(0x01, 0, 0),
+            &addr(0x02, 0, 0),
+            &addr(0x03, 0, 0),
+        ],
+        NVIDIA,
+        0x2330,
+        CLASS_3D,
+        1,
+    );
+    let pf = t.pci(
+        &[
+            rp.as_str(),
+            &addr(0x01, 0, 0),
+            &addr(0x02, 1, 0),
+            &addr(0x04, 0, 0),
+        ],
+        MELLANOX,
+        0x101d,
+        CLASS_ETH,
+        1,
+    );
     t.netdev(&pf, "enp4s0f0np0", 1500, true);
     let mut vfs = Vec::new();
     for k in 0..4u32 {
-        let vf = t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 1, 0), &addr(0x04, 0, 2 + k)], MELLANOX, 0x101e, CLASS_ETH, if k < 2 { -1 } else { 1 });
+        let vf = t.pci(
+            &[
+                rp.as_str(),
+                &addr(0x01, 0, 0),
+                &addr(0x02, 1, 0),
+                &addr(0x04, 0, 2 + k),
+            ],
+            MELLANOX,
+            0x101e,
+            CLASS_ETH,
+            if k < 2 { -1 } else { 1 },
+        );
         if k != 3 {
             t.netdev(&vf, &format!("enp4s0f0v{k}"), 1500, true);
         }
@@ -259,8 +324,30 @@ pub fn vf_only(dir: &Path) -> Tree {
 pub fn single_port(dir: &Path, port: (&str, &str)) -> Tree {
     let t = Tree::new(dir);
     let rp = addr(0x00, 1, 0);
-    t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 0, 0), &addr(0x03, 0, 0)], NVIDIA, 0x2330, CLASS_3D, 0);
-    let nic = t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 1, 0), &addr(0x04, 0, 0)], MELLANOX, 0x1021, CLASS_ETH, 0);
+    t.pci(
+        &[
+            rp.as_str(),
+            &addr(0x01, 0, 0),
+            &addr(0x02, 0, 0),
+            &addr(0x03, 0, 0),
+        ],
+        NVIDIA,
+        0x2330,
+        CLASS_3D,
+        0,
+    );
+    let nic = t.pci(
+        &[
+            rp.as_str(),
+            &addr(0x01, 0, 0),
+            &addr(0x02, 1, 0),
+            &addr(0x04, 0, 0),
+        ],
+        MELLANOX,
+        0x1021,
+        CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp4s0np0", 4200, true);
     t.rdma(&nic, "mlx5_0", &[port]);
     t
@@ -270,11 +357,23 @@ pub fn single_port(dir: &Path, port: (&str, &str)) -> Tree {
 /// up: the node keeps `rdma.capable`, the broken one is `Failed`.
 pub fn all_ports_down(dir: &Path, with_working_nic: bool) -> Tree {
     let t = Tree::new(dir);
-    let nic = t.pci(&[&addr(0x00, 1, 0), &addr(0x01, 0, 0)], MELLANOX, 0x1017, CLASS_ETH, 0);
+    let nic = t.pci(
+        &[&addr(0x00, 1, 0), &addr(0x01, 0, 0)],
+        MELLANOX,
+        0x1017,
+        CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp1s0np0", 1500, false);
     t.rdma(&nic, "mlx5_0", &[DOWN, ("1: DOWN", "2: Polling")]);
     if with_working_nic {
-        let ok = t.pci(&[&addr(0x80, 1, 0), &addr(0x81, 0, 0)], MELLANOX, 0x1017, CLASS_ETH, 1);
+        let ok = t.pci(
+            &[&addr(0x80, 1, 0), &addr(0x81, 0, 0)],
+            MELLANOX,
+            0x1017,
+            CLASS_ETH,
+            1,
+        );
         t.netdev(&ok, "enp129s0np0", 1500, true);
         t.rdma(&ok, "mlx5_1", &[UP]);
     }
@@ -285,7 +384,13 @@ pub fn all_ports_down(dir: &Path, with_working_nic: bool) -> Tree {
 /// root cannot read) beside a port that is down: `Unverified`, not `Failed`.
 pub fn unreadable_port(dir: &Path) -> Tree {
     let t = Tree::new(dir);
-    let nic = t.pci(&[&addr(0x00, 1, 0), &addr(0x01, 0, 0)], MELLANOX, 0x1017, CLASS_ETH, 0);
+    let nic = t.pci(
+        &[&addr(0x00, 1, 0), &addr(0x01, 0, 0)],
+        MELLANOX,
+        0x1017,
+        CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp1s0np0", 1500, true);
     t.rdma(&nic, "mlx5_0", &[DOWN, DOWN]);
     let state = format!("{nic}/infiniband/mlx5_0/ports/2/state");
@@ -298,21 +403,51 @@ pub fn unreadable_port(dir: &Path) -> Tree {
 pub fn no_accelerator(dir: &Path) -> Tree {
     let t = Tree::new(dir);
     for (i, host) in [0x00u32, 0x80].into_iter().enumerate() {
-        let nic = t.pci(&[&addr(host, 1, 0), &addr(host + 1, 0, 0)], MELLANOX, 0x1021, CLASS_ETH, i as i32);
+        let nic = t.pci(
+            &[&addr(host, 1, 0), &addr(host + 1, 0, 0)],
+            MELLANOX,
+            0x1021,
+            CLASS_ETH,
+            i as i32,
+        );
         t.netdev(&nic, &nic_name(host + 1), 9000, true);
         t.rdma(&nic, &format!("mlx5_{i}"), &[UP]);
     }
     // an NVIDIA audio function and an NVSwitch-class bridge are not accelerators
-    t.pci(&[&addr(0x00, 3, 0), &addr(0x05, 0, 1)], NVIDIA, 0x22ba, CLASS_AUDIO, 0);
-    t.pci(&[&addr(0x00, 4, 0), &addr(0x06, 0, 0)], NVIDIA, 0x22a3, 0x068000, 0);
+    t.pci(
+        &[&addr(0x00, 3, 0), &addr(0x05, 0, 1)],
+        NVIDIA,
+        0x22ba,
+        CLASS_AUDIO,
+        0,
+    );
+    t.pci(
+        &[&addr(0x00, 4, 0), &addr(0x06, 0, 0)],
+        NVIDIA,
+        0x22a3,
+        0x068000,
+        0,
+    );
     t
 }
 
 /// Every device reports NUMA node -1 (the kernel gave none).
 pub fn blank_numa(dir: &Path) -> Tree {
     let t = Tree::new(dir);
-    t.pci(&[&addr(0x00, 1, 0), &addr(0x01, 0, 0)], NVIDIA, 0x2330, CLASS_3D, -1);
-    let nic = t.pci(&[&addr(0x00, 2, 0), &addr(0x02, 0, 0)], MELLANOX, 0x1021, CLASS_ETH, -1);
+    t.pci(
+        &[&addr(0x00, 1, 0), &addr(0x01, 0, 0)],
+        NVIDIA,
+        0x2330,
+        CLASS_3D,
+        -1,
+    );
+    let nic = t.pci(
+        &[&addr(0x00, 2, 0), &addr(0x02, 0, 0)],
+        MELLANOX,
+        0x1021,
+        CLASS_ETH,
+        -1,
+    );
     t.netdev(&nic, "enp2s0np0", 9000, true);
     t.rdma(&nic, "mlx5_0", &[UP]);
     t
@@ -322,12 +457,29 @@ pub fn blank_numa(dir: &Path) -> Tree {
 pub fn nested_switches(dir: &Path) -> Tree {
     let t = Tree::new(dir);
     let rp = addr(0x00, 1, 0);
-    let outer = [rp.clone(), addr(0x01, 0, 0), addr(0x02, 0, 0), addr(0x03, 0, 0), addr(0x04, 0, 0)];
+    let outer = [
+        rp.clone(),
+        addr(0x01, 0, 0),
+        addr(0x02, 0, 0),
+        addr(0x03, 0, 0),
+        addr(0x04, 0, 0),
+    ];
     let mut gpu: Vec<&str> = outer.iter().map(String::as_str).collect();
     let g = addr(0x05, 0, 0);
     gpu.push(&g);
     t.pci(&gpu, AMD, 0x74a1, CLASS_ACCEL, 0);
-    let nic = t.pci(&[rp.as_str(), &addr(0x01, 0, 0), &addr(0x02, 1, 0), &addr(0x06, 0, 0)], MELLANOX, 0x1021, CLASS_ETH, 0);
+    let nic = t.pci(
+        &[
+            rp.as_str(),
+            &addr(0x01, 0, 0),
+            &addr(0x02, 1, 0),
+            &addr(0x06, 0, 0),
+        ],
+        MELLANOX,
+        0x1021,
+        CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp6s0np0", 9000, true);
     t.rdma(&nic, "mlx5_0", &[UP]);
     t
@@ -337,7 +489,13 @@ pub fn nested_switches(dir: &Path) -> Tree {
 /// NPU, a virtio NIC and loopback.
 pub fn non_pci(dir: &Path) -> Tree {
     let t = Tree::new(dir);
-    t.pci(&[&addr(0x00, 0, 0), &addr(0x01, 0, 0)], HUAWEI, 0xd802, CLASS_ACCEL, 0);
+    t.pci(
+        &[&addr(0x00, 0, 0), &addr(0x01, 0, 0)],
+        HUAWEI,
+        0xd802,
+        CLASS_ACCEL,
+        0,
+    );
     let plat = t.platform_device("hisi-roce.0", 0);
     t.netdev(&plat, "eth0", 1500, true);
     t.rdma(&plat, "hns_0", &[UP]);
@@ -356,10 +514,19 @@ pub fn non_pci(dir: &Path) -> Tree {
 pub fn hostile(dir: &Path) -> Tree {
     let t = single_port(dir, UP);
     t.raw_link("class/net/evil", "../../../../../../../../etc");
-    let nic = t.pci(&[&addr(0x00, 2, 0), &addr(0x09, 0, 0)], MELLANOX, 0x1021, CLASS_ETH, 0);
+    let nic = t.pci(
+        &[&addr(0x00, 2, 0), &addr(0x09, 0, 0)],
+        MELLANOX,
+        0x1021,
+        CLASS_ETH,
+        0,
+    );
     t.netdev(&nic, "enp9s0np0", 1500, true);
     t.rdma(&nic, "mlx5_9", &[DOWN]);
-    t.write(&format!("{nic}/infiniband/mlx5_9/ports/1/state"), &"X".repeat(70 * 1024));
+    t.write(
+        &format!("{nic}/infiniband/mlx5_9/ports/1/state"),
+        &"X".repeat(70 * 1024),
+    );
     t
 }
 
@@ -374,13 +541,29 @@ pub fn large(dir: &Path, endpoints: u32) -> Tree {
         let host = if i < 4 { 0x00 } else { 0x80 };
         let b = host + 0x10 * (i % 4) + 0x10;
         let rp = addr(host, 1 + i % 4, 0);
-        t.pci(&[rp.as_str(), &addr(b, 0, 0), &addr(b + 1, 0, 0), &addr(b + 2, 0, 0)], NVIDIA, 0x2330, CLASS_3D, (i / 4) as i32);
+        t.pci(
+            &[
+                rp.as_str(),
+                &addr(b, 0, 0),
+                &addr(b + 1, 0, 0),
+                &addr(b + 2, 0, 0),
+            ],
+            NVIDIA,
+            0x2330,
+            CLASS_3D,
+            (i / 4) as i32,
+        );
     }
     for i in 0..pfs {
         let host = if i < 4 { 0x00 } else { 0x80 };
         let b = host + 0x10 * (i % 4) + 0x10;
         let rp = addr(host, 1 + i % 4, 0);
-        let nic_chain = [rp.as_str(), &addr(b, 0, 0), &addr(b + 1, 1, 0), &addr(b + 3, 0, 0)];
+        let nic_chain = [
+            rp.as_str(),
+            &addr(b, 0, 0),
+            &addr(b + 1, 1, 0),
+            &addr(b + 3, 0, 0),
+        ];
         let pf = t.pci(&nic_chain, MELLANOX, 0x1021, CLASS_ETH, (i / 4) as i32);
         t.netdev(&pf, &nic_name(b + 3), 9000, true);
         let per_pf = vfs_total / pfs + u32::from(i < vfs_total % pfs);
@@ -393,7 +576,13 @@ pub fn large(dir: &Path, endpoints: u32) -> Tree {
             // VFs on the buses after the PF's, 8 functions per device slot
             let vbus = b + 4 + k / 256;
             let vf_addr = addr(vbus, (k % 256) / 8, k % 8);
-            let vf = t.pci(&[rp.as_str(), &addr(b, 0, 0), &addr(b + 1, 1, 0), &vf_addr], MELLANOX, 0x101e, CLASS_ETH, (i / 4) as i32);
+            let vf = t.pci(
+                &[rp.as_str(), &addr(b, 0, 0), &addr(b + 1, 1, 0), &vf_addr],
+                MELLANOX,
+                0x101e,
+                CLASS_ETH,
+                (i / 4) as i32,
+            );
             t.netdev(&vf, &format!("{}v{k}", nic_name(b + 3)), 9000, true);
             t.rdma(&vf, &format!("mlx5_{i}_{k}"), &[UP]);
             vfs.push(vf);
@@ -417,29 +606,51 @@ impl Tree {
     /// would time it doing less than it does on any real node.
     pub fn pci_configs(&self) {
         let bus = |addr: &str| u8::from_str_radix(&addr[5..7], 16).unwrap();
-        let is_addr = |n: &str| n.len() == 12 && n.as_bytes()[4] == b':' && n.as_bytes()[10] == b'.';
+        let is_addr =
+            |n: &str| n.len() == 12 && n.as_bytes()[4] == b':' && n.as_bytes()[10] == b'.';
         for entry in fs::read_dir(self.root.join("bus/pci/devices")).unwrap() {
             let dir = fs::canonicalize(entry.unwrap().path()).unwrap();
-            let hex = |name: &str| u32::from_str_radix(fs::read_to_string(dir.join(name)).unwrap().trim().trim_start_matches("0x"), 16).unwrap();
+            let hex = |name: &str| {
+                u32::from_str_radix(
+                    fs::read_to_string(dir.join(name))
+                        .unwrap()
+                        .trim()
+                        .trim_start_matches("0x"),
+                    16,
+                )
+                .unwrap()
+            };
             let (vendor, device, class) = (hex("vendor"), hex("device"), hex("class"));
             let mut c = [0u8; 256];
             c[0..2].copy_from_slice(&(vendor as u16).to_le_bytes());
             c[2..4].copy_from_slice(&(device as u16).to_le_bytes());
             c[4] = 0x06; // memory space and bus master on
             c[9..12].copy_from_slice(&class.to_le_bytes()[..3]); // prog-if, subclass, class
-            // Revision 0 (byte 8, left zero). An endpoint's subsystem IDs
-            // repeat its own, as a vendor's reference board does; a bridge's
-            // header has no such field (only a capability, not modelled
-            // here, would give them), so the kernel prints 0 for it.
+                                                                 // Revision 0 (byte 8, left zero). An endpoint's subsystem IDs
+                                                                 // repeat its own, as a vendor's reference board does; a bridge's
+                                                                 // header has no such field (only a capability, not modelled
+                                                                 // here, would give them), so the kernel prints 0 for it.
             let bridge = class >> 8 == 0x0604;
-            let (sub_vendor, sub_device) = if bridge { (0, 0) } else { (vendor as u16, device as u16) };
+            let (sub_vendor, sub_device) = if bridge {
+                (0, 0)
+            } else {
+                (vendor as u16, device as u16)
+            };
             if !bridge {
                 c[0x2c..0x2e].copy_from_slice(&sub_vendor.to_le_bytes());
                 c[0x2e..0x30].copy_from_slice(&sub_device.to_le_bytes());
             }
             fs::write(dir.join("revision"), "0x00\n").unwrap();
-            fs::write(dir.join("subsystem_vendor"), format!("0x{sub_vendor:04x}\n")).unwrap();
-            fs::write(dir.join("subsystem_device"), format!("0x{sub_device:04x}\n")).unwrap();
+            fs::write(
+                dir.join("subsystem_vendor"),
+                format!("0x{sub_vendor:04x}\n"),
+            )
+            .unwrap();
+            fs::write(
+                dir.join("subsystem_device"),
+                format!("0x{sub_device:04x}\n"),
+            )
+            .unwrap();
             if bridge {
                 // Every PCI address below the bridge, at any depth, is on
                 // a bus it forwards to.
@@ -471,7 +682,13 @@ pub fn amd_hives(dir: &Path, hives: &[Option<&str>]) -> Tree {
     let t = Tree::new(dir);
     for (i, hive) in hives.iter().enumerate() {
         let i = i as u32;
-        let dev = t.pci(&[&addr(0x00, 1 + i, 0), &addr(0x10 * (i + 1), 0, 0)], AMD, 0x74a1, CLASS_ACCEL, 0);
+        let dev = t.pci(
+            &[&addr(0x00, 1 + i, 0), &addr(0x10 * (i + 1), 0, 0)],
+            AMD,
+            0x74a1,
+            CLASS_ACCEL,
+            0,
+        );
         if let Some(h) = hive {
             t.write(&format!("{dev}/xgmi_hive_info/xgmi_hive_id"), h);
         }
@@ -481,7 +698,9 @@ pub fn amd_hives(dir: &Path, hives: &[Option<&str>]) -> Tree {
 
 /// `nvidia-smi -q` text for the gpu8 fixture's GPUs, in the tool's layout;
 /// `fabric(i)` gives GPU i's (state, status, clique, cluster uuid).
-pub fn nvsmi_q(fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'static str)) -> String {
+pub fn nvsmi_q(
+    fabric: impl Fn(u32) -> (&'static str, &'static str, &'static str, &'static str),
+) -> String {
     let mut s = String::from("\n==============NVSMI LOG==============\n\nTimestamp                                 : Mon Mar  2 12:00:00 2026\nDriver Version                            : 570.86.15\nCUDA Version                              : 12.8\n\nAttached GPUs                             : 8\n");
     for i in 0..8u32 {
         let host = if i < 4 { 0x00 } else { 0x80 };

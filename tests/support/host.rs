@@ -6,7 +6,10 @@ use std::process::Command;
 
 /// True when `cmd` is on PATH.
 pub fn have(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", &format!("command -v {cmd}")]).output().is_ok_and(|o| o.status.success())
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// True when running as root.
@@ -24,6 +27,9 @@ pub fn runnable(test: &str, missing: Option<String>) -> bool {
     }
     // Written to the real stderr, not through `eprintln!`, which the test
     // harness captures and hides for a passing test: a skip must be seen.
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("SKIPPED {test}: {why}\n").as_bytes());
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("SKIPPED {test}: {why}\n").as_bytes(),
+    );
     false
 }

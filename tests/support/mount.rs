@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 /// The path works while the handle lives.
 pub fn held(dir: &Path) -> (std::fs::File, PathBuf) {
     let file = std::fs::File::open(dir).unwrap();
-    let through = PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd()));
+    let through = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        file.as_raw_fd()
+    ));
     (file, through)
 }
