@@ -19,7 +19,9 @@ command -v ip >/dev/null || need+=(iproute2)
 if ! containerd --version 2>/dev/null | grep -qE ' v?(1\.([7-9]|[1-9][0-9])|[2-9])\.'; then
   need+=(containerd)
   if [ "$(id -u)" = 0 ] && [ ! -e /etc/apt/sources.list.d/nodefabric-trixie.sources ]; then
-    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    # the machine's own Debian mirror (a corporate or local one keeps working)
+    mirror=$(bash scripts/debian-mirror.sh)
+    printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$mirror" \
       > /etc/apt/sources.list.d/nodefabric-trixie.sources
     printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n\nPackage: containerd\nPin: release n=trixie\nPin-Priority: 990\n' \
       > /etc/apt/preferences.d/nodefabric-trixie

@@ -567,3 +567,54 @@ fn rbac_evaluation_is_not_vacuous() {
         &Attributes::new("get", "", "nodes", None, Some("n"))
     ));
 }
+
+/// scripts/test.sh takes containerd from the machine's own Debian mirror:
+/// the URI comes from the apt sources (deb822 and one-line, options and
+/// disabled stanzas included), never a fixed public address.
+#[test]
+fn the_test_command_takes_containerd_from_the_machines_own_debian_mirror() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/debian-mirror.sh");
+    let run = |apt: &Path, os: &Path| {
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(apt)
+            .arg(os)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let apt = dir.path().join("apt");
+    fs::create_dir_all(apt.join("sources.list.d")).unwrap();
+    let os = dir.path().join("os-release");
+    fs::write(&os, "ID=debian\nVERSION_CODENAME=bookworm\n").unwrap();
+
+    // nothing configured: an error naming what was searched
+    let (code, out, err) = run(&apt, &os);
+    assert_eq!((code, out.as_str()), (Some(1), ""));
+    assert!(err.contains("bookworm") && err.contains("sources.list.d"), "{err}");
+
+    // one-line form with options; the security suite and deb-src do not count
+    fs::write(
+        apt.join("sources.list"),
+        "# local\ndeb-src http://src.example/debian bookworm main\n\
+         deb http://sec.example/debian-security bookworm-security main\n\
+         deb [arch=amd64 signed-by=/k.gpg] http://mirror.corp.example/debian bookworm main\n",
+    )
+    .unwrap();
+    assert_eq!(run(&apt, &os).1, "http://mirror.corp.example/debian");
+
+    // deb822 wins over one-line; a disabled stanza and another suite are skipped
+    fs::write(
+        apt.join("sources.list.d/debian.sources"),
+        "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nComponents: main\nEnabled: no\n\n\
+         Types: deb\n# http://snapshot.example\nURIs: http://local.mirror/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n\
+         Types: deb\nURIs: http://sec.example/debian-security\nSuites: bookworm-security\nComponents: main\n",
+    )
+    .unwrap();
+    assert_eq!(run(&apt, &os), (Some(0), "http://local.mirror/debian".into(), String::new()));
+}
