@@ -66,6 +66,26 @@ pub fn upstream_bridges(canonical: &str) -> Option<Vec<String>> {
     Some(bridges.iter().rev().map(|b| b.to_string()).collect())
 }
 
+/// The PCIe host bridge of a device from its canonical sysfs path: the
+/// first `pciDDDD:BB` component (`devices/pci0000:00/0000:00:01.0/…` gives
+/// `pci0000:00`). This is what Kubernetes DRA drivers publish as
+/// `resource.kubernetes.io/pcieRoot`, and it is not the outermost bridge
+/// ([`upstream_bridges`]' last entry), which sits one level below it.
+pub fn host_bridge(canonical: &str) -> Option<&str> {
+    let host = canonical.split('/').find(|p| p.starts_with("pci"))?;
+    is_host_bridge(host).then_some(host)
+}
+
+/// True when `s` names a PCI host bridge as sysfs does: `pci`, a domain of
+/// four or more hex digits (VMD domains have five), `:`, a two-digit bus.
+pub fn is_host_bridge(s: &str) -> bool {
+    let Some((dom, bus)) = s.strip_prefix("pci").and_then(|r| r.split_once(':')) else {
+        return false;
+    };
+    let hex = |t: &str| t.bytes().all(|b| b.is_ascii_hexdigit());
+    (4..=8).contains(&dom.len()) && bus.len() == 2 && hex(dom) && hex(bus)
+}
+
 /// The bus distance vocabulary, smaller is closer. The order of the variants
 /// is the order of closeness, so `min()` picks the closest.
 #[derive(
@@ -250,6 +270,34 @@ mod tests {
         // a PCI device's sub-folder (net/eth0) stops the walk
         let q = "devices/pci0000:00/0000:00:01.0/0000:03:00.0/net/eth0";
         assert_eq!(upstream_bridges(q), Some(v(&["0000:00:01.0"])));
+    }
+
+    #[test]
+    fn the_host_bridge_is_the_pci_segment_above_the_outermost_bridge() {
+        let p = "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3c:00.0";
+        assert_eq!(host_bridge(p), Some("pci0000:3a"));
+        assert_eq!(
+            upstream_bridges(p).unwrap().last().map(String::as_str),
+            Some("0000:3a:00.0"),
+            "pciRootId is the outermost bridge, one level below"
+        );
+        // a VMD domain has five hex digits
+        assert_eq!(
+            host_bridge("devices/pci10000:00/10000:00:02.0/10000:01:00.0"),
+            Some("pci10000:00")
+        );
+        assert_eq!(host_bridge("devices/virtual/net/lo"), None);
+        assert_eq!(host_bridge("devices/platform/soc/net/eth0"), None);
+        for bad in [
+            "pci",
+            "pci0000",
+            "pci000:00",
+            "pci0000:0",
+            "pcixyzw:00",
+            "pci0000:00:1",
+        ] {
+            assert!(!is_host_bridge(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -170,6 +170,11 @@ pub struct Topology {
     /// The outermost PCI bridge above the device (not the root complex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_root_id: Option<String>,
+    /// The PCIe host bridge the device hangs under, as sysfs names it
+    /// (`pci0000:00`): the value DRA drivers publish as
+    /// `resource.kubernetes.io/pcieRoot`, so a claim can pair devices on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
     /// The full upstream bridge path, innermost first.
     pub pci_switches: Vec<String>,
     /// An accelerator's scale-up fabric, only where its manufacturer's rules

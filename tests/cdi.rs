@@ -112,6 +112,65 @@ fn every_spec_on_every_fixture_is_schema_valid_and_snapshotted() {
     }
 }
 
+/// Every device the publisher writes keeps the typed annotation contract:
+/// the readers' decoding gives back a value whose annotations are exactly
+/// the written ones, and its PCIe root is the host bridge above the device.
+#[test]
+fn every_published_device_reads_back_as_its_typed_annotations() {
+    use nodefabric::cdi::{EndpointAnnotations, Spec};
+    let mut roots = std::collections::BTreeSet::new();
+    for (name, build) in FIXTURES {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path());
+        let specs = cdi_of(dir.path());
+        for (file, spec) in specs.as_object().unwrap() {
+            let spec: Spec = serde_json::from_value(spec.clone()).unwrap();
+            for d in &spec.devices {
+                let typed = d
+                    .endpoint(&spec.kind, Path::new(file))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(typed.to_map(), d.annotations, "{name}: {file}");
+                assert_eq!(
+                    EndpointAnnotations::from_map(&d.name, &typed.to_map()),
+                    Ok(typed.clone())
+                );
+                if typed.pci_address.is_some() {
+                    roots.insert(typed.pcie_root.clone().expect("a PCI endpoint has a root"));
+                }
+            }
+        }
+    }
+    // the fixtures place NICs under two host bridges
+    assert_eq!(
+        roots.into_iter().collect::<Vec<_>>(),
+        ["pci0000:00", "pci0000:80"]
+    );
+}
+
+/// A reader's error names the spec file, the device and the annotation.
+#[test]
+fn a_malformed_annotation_is_an_error_naming_file_device_and_key() {
+    use nodefabric::cdi::Spec;
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::gpu8_switch_paired(dir.path());
+    let specs = cdi_of(dir.path());
+    let mut spec: Spec = serde_json::from_value(specs["nodefabric-rdma.json"].clone()).unwrap();
+    let d = &mut spec.devices[0];
+    d.annotations
+        .insert("rdma.gpustack.ai/numa".into(), "NaN".into());
+    let err = d
+        .endpoint(&spec.kind, Path::new("/var/run/cdi/nodefabric-rdma.json"))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "/var/run/cdi/nodefabric-rdma.json: CDI device gpustack.ai/rdma={}: \
+             annotation rdma.gpustack.ai/numa is \"NaN\", expected a NUMA node number",
+            d.name
+        )
+    );
+}
+
 #[test]
 fn each_device_injects_only_its_own_verbs_node() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,6 +99,7 @@ pub(crate) fn device_topology(device: &str) -> Option<Topology> {
     let bridges = pci::upstream_bridges(device)?;
     Some(Topology {
         pci_root_id: bridges.last().cloned(),
+        pcie_root: pci::host_bridge(device).map(str::to_string),
         pci_switches: bridges,
         fabric: None,
     })

@@ -307,6 +307,7 @@ mod tests {
                 numa: Some(if i < n / 2 { 0 } else { 1 }),
                 healthy: true,
                 unusable: None,
+                annotations: None,
             })
             .collect::<Vec<_>>();
         let mut eps = eps;

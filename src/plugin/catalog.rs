@@ -8,8 +8,9 @@
 //! | `rdma.partitioned` | `gpustack.ai/rdma-vf` | 1 per VF | `mlx5_1` |
 
 use super::specfile::SpecReadError;
-use crate::cdi::{self, Family, Spec};
+use crate::cdi::{Device, EndpointAnnotations, Family, Spec};
 use crate::names;
+use crate::record::LinkState;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tracing::warn;
@@ -62,7 +63,8 @@ impl Resource {
     }
 }
 
-/// An RDMA endpoint as its CDI device describes it.
+/// An RDMA endpoint as its CDI device describes it: a view of the device's
+/// typed annotations ([`EndpointAnnotations`]) with what serving needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// The RDMA device name (the CDI device name and the `NCCL_IB_HCA` entry).
@@ -71,10 +73,41 @@ pub struct Endpoint {
     pub cdi_name: String,
     /// The NUMA node for the topology hint; `None` attaches no hint.
     pub numa: Option<i64>,
-    /// False when the link verdict is `Failed`: tokens stay, marked Unhealthy.
+    /// False when the link verdict is `Failed` or the endpoint is unusable:
+    /// tokens stay, marked Unhealthy.
     pub healthy: bool,
     /// Why this endpoint cannot be allocated even though it is advertised.
     pub unusable: Option<String>,
+    /// The device's annotations; `None` when they break the contract (then
+    /// `unusable` names the spec file, the device and the annotation).
+    pub annotations: Option<EndpointAnnotations>,
+}
+
+impl Endpoint {
+    /// The view of one CDI device of a spec of `kind` read from `path`.
+    fn of_device(device: &Device, kind: &str, path: &Path) -> Endpoint {
+        let read = device.endpoint(kind, path);
+        let unusable = match &read {
+            Err(e) => Some(e.to_string()),
+            Ok(_) if device.container_edits.device_nodes.is_empty() => Some(format!(
+                "CDI device {kind}={} injects no verbs device",
+                device.name
+            )),
+            Ok(_) => None,
+        };
+        let annotations = read.ok();
+        Endpoint {
+            name: device.name.clone(),
+            cdi_name: format!("{kind}={}", device.name),
+            numa: annotations.as_ref().and_then(|a| a.numa).map(i64::from),
+            healthy: unusable.is_none()
+                && annotations
+                    .as_ref()
+                    .is_some_and(|a| a.link != LinkState::Failed),
+            unusable,
+            annotations,
+        }
+    }
 }
 
 /// One advertised token.
@@ -175,9 +208,11 @@ pub fn shared_id(endpoint: &str, share: u32) -> String {
 /// The endpoints a parsed spec describes, sorted by name. A device whose
 /// name is outside the CDI name grammar is skipped (one warning per spec
 /// content, naming `path`): in the annotation form a `,` or `=` in it would
-/// make the runtime inject devices nobody was granted.
+/// make the runtime inject devices nobody was granted. A device whose
+/// annotations break the contract is advertised unusable and Unhealthy, with
+/// a warning naming the file, the device and the annotation: its tokens are
+/// never withdrawn for it, and it is never handed out.
 pub fn endpoints_of(spec: &Spec, path: &Path) -> Vec<Endpoint> {
-    let key = |k: &str| format!("{}/{k}", cdi::ANNOTATION_PREFIX);
     let (good, bad): (Vec<_>, Vec<_>) = spec
         .devices
         .iter()
@@ -191,28 +226,15 @@ pub fn endpoints_of(spec: &Spec, path: &Path) -> Vec<Endpoint> {
     }
     let mut eps: Vec<Endpoint> = good
         .into_iter()
-        .map(|d| {
-            let numa = d
-                .annotations
-                .get(&key("numa"))
-                .and_then(|v| v.parse::<i64>().ok())
-                .filter(|n| *n >= 0);
-            let link = d.annotations.get(&key("link")).map(String::as_str);
-            let unusable = d.container_edits.device_nodes.is_empty().then(|| {
-                format!(
-                    "CDI device {}={} injects no verbs device",
-                    spec.kind, d.name
-                )
-            });
-            Endpoint {
-                name: d.name.clone(),
-                cdi_name: format!("{}={}", spec.kind, d.name),
-                numa,
-                healthy: link != Some("Failed") && unusable.is_none(),
-                unusable,
-            }
-        })
+        .map(|d| Endpoint::of_device(d, &spec.kind, path))
         .collect();
+    for ep in &eps {
+        if ep.annotations.is_none() {
+            if let Some(why) = &ep.unusable {
+                warn!("{why}; advertised Unhealthy");
+            }
+        }
+    }
     eps.sort_by(|a, b| a.name.cmp(&b.name));
     eps.dedup_by(|a, b| a.name == b.name);
     eps
@@ -238,6 +260,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_device_breaking_the_annotation_contract_is_advertised_unhealthy_naming_why() {
+        let spec: Spec = serde_json::from_str(
+            r#"{"cdiVersion":"0.6.0","kind":"gpustack.ai/rdma","devices":[
+              {"name":"mlx5_0","annotations":{"rdma.gpustack.ai/rdma-device":"mlx5_0",
+                "rdma.gpustack.ai/link":"OK","rdma.gpustack.ai/numa":"1"},
+               "containerEdits":{"deviceNodes":[{"path":"/dev/infiniband/uverbs0","type":"c","major":231,"minor":192,"permissions":"rw"}]}},
+              {"name":"mlx5_1","annotations":{"rdma.gpustack.ai/rdma-device":"mlx5_1",
+                "rdma.gpustack.ai/link":"Broken"},
+               "containerEdits":{"deviceNodes":[{"path":"/dev/infiniband/uverbs1","type":"c","major":231,"minor":193,"permissions":"rw"}]}}]}"#,
+        )
+        .unwrap();
+        let eps = endpoints_of(&spec, Path::new("/cdi/nodefabric-rdma.json"));
+        assert!(eps[0].healthy && eps[0].unusable.is_none());
+        assert_eq!(eps[0].numa, Some(1));
+        assert!(!eps[1].healthy && eps[1].annotations.is_none());
+        assert_eq!(
+            eps[1].unusable.as_deref(),
+            Some(
+                "/cdi/nodefabric-rdma.json: CDI device gpustack.ai/rdma=mlx5_1: \
+                 annotation rdma.gpustack.ai/link is \"Broken\", expected OK, Unverified or Failed"
+            )
+        );
+    }
+
+    #[test]
     fn a_token_id_resolves_only_in_its_exact_spelling_and_hostile_ids_do_not_panic() {
         let ep = |name: &str| Endpoint {
             name: name.into(),
@@ -245,6 +292,7 @@ mod tests {
             numa: None,
             healthy: true,
             unusable: None,
+            annotations: None,
         };
         let c = Catalog::default().with_family(Family::Whole, vec![ep("mlx5_0"), ep("mlx5_1")]);
         assert_eq!(c.locate(Resource::Shared, "mlx5_1-shared-07"), Some((1, 7)));

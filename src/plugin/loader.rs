@@ -176,7 +176,7 @@ mod tests {
             .iter()
             .map(|n| {
                 format!(
-                    r#"{{"name":"{n}","annotations":{{"rdma.gpustack.ai/link":"{link}"}},"containerEdits":{{"deviceNodes":[{{"path":"/dev/infiniband/uverbs0","type":"c","major":231,"minor":192,"permissions":"rw"}}]}}}}"#
+                    r#"{{"name":"{n}","annotations":{{"rdma.gpustack.ai/rdma-device":"{n}","rdma.gpustack.ai/link":"{link}"}},"containerEdits":{{"deviceNodes":[{{"path":"/dev/infiniband/uverbs0","type":"c","major":231,"minor":192,"permissions":"rw"}}]}}}}"#
                 )
             })
             .collect();

@@ -1,0 +1,306 @@
+//! The typed contract between the CDI specs the publisher writes and every
+//! reader of them (the device plugin, the DRA driver): what one CDI device
+//! says about its RDMA endpoint, in its `rdma.gpustack.ai/*` annotations.
+//!
+//! The writer serialises an [`EndpointAnnotations`] and every reader
+//! deserialises one, so a key is spelt in one place and a value that does not
+//! parse is an error naming the key and the text, never a silent default.
+//!
+//! | key (after `rdma.gpustack.ai/`) | value | written |
+//! |---|---|---|
+//! | `rdma-device` | the RDMA device (`mlx5_0`), the CDI device's name | always |
+//! | `link` | the link verdict: `OK`, `Unverified` or `Failed` | always |
+//! | `pci-address` | `DDDD:BB:DD.F` | PCI endpoints |
+//! | `pcie-root` | the host bridge, `pciDDDD:BB` | PCI endpoints |
+//! | `numa` | the NUMA node (a VF with none takes its PF's) | when the kernel gave one |
+//! | `interface` | the netdev name(s), `+`-joined when one RDMA device has several | when it has one |
+//! | `parent` | a VF's PF, `DDDD:BB:DD.F` | VFs |
+//!
+//! Keys under the prefix that this release does not know are ignored, so a
+//! newer publisher's specs still read.
+
+use crate::names;
+use crate::pci;
+use crate::record::LinkState;
+use std::collections::BTreeMap;
+
+/// The annotation-key prefix of the device annotations.
+pub const PREFIX: &str = "rdma.gpustack.ai";
+
+/// One annotation of the contract: the key is spelt only here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// `rdma-device`.
+    RdmaDevice,
+    /// `pci-address`.
+    PciAddress,
+    /// `pcie-root`.
+    PcieRoot,
+    /// `numa`.
+    Numa,
+    /// `link`.
+    Link,
+    /// `interface`.
+    Interface,
+    /// `parent`.
+    Parent,
+}
+
+impl Key {
+    /// The full annotation key, `rdma.gpustack.ai/<name>`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Key::RdmaDevice => "rdma.gpustack.ai/rdma-device",
+            Key::PciAddress => "rdma.gpustack.ai/pci-address",
+            Key::PcieRoot => "rdma.gpustack.ai/pcie-root",
+            Key::Numa => "rdma.gpustack.ai/numa",
+            Key::Link => "rdma.gpustack.ai/link",
+            Key::Interface => "rdma.gpustack.ai/interface",
+            Key::Parent => "rdma.gpustack.ai/parent",
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The separator between the interface names of one RDMA device (a `,`
+/// would read as a list separator to annotation consumers).
+pub const INTERFACE_SEPARATOR: char = '+';
+
+/// What one CDI device says about its RDMA endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointAnnotations {
+    /// The RDMA device (`mlx5_0`): the CDI device name and the `NCCL_IB_HCA` entry.
+    pub rdma_device: String,
+    /// The endpoint's PCI address, for a PCI device.
+    pub pci_address: Option<String>,
+    /// The PCIe host bridge (`pci0000:00`), the DRA `pcieRoot` attribute.
+    pub pcie_root: Option<String>,
+    /// The NUMA node for topology hints; `None` attaches none.
+    pub numa: Option<u32>,
+    /// The link verdict, the same as the labels' and the record's.
+    pub link: LinkState,
+    /// The netdev names bound to the RDMA device, sorted; empty when none.
+    pub interfaces: Vec<String>,
+    /// For a VF: its PF's PCI address.
+    pub parent: Option<String>,
+}
+
+/// Why a CDI device's annotations do not make an [`EndpointAnnotations`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    /// A key the writer always sets is absent.
+    #[error("annotation {key} is missing")]
+    Missing {
+        /// The missing key.
+        key: Key,
+    },
+    /// A key holds text that is not its kind of value.
+    #[error("annotation {key} is {value:?}, {expected}")]
+    Malformed {
+        /// The key.
+        key: Key,
+        /// The text found.
+        value: String,
+        /// What it should have been.
+        expected: &'static str,
+    },
+}
+
+impl EndpointAnnotations {
+    /// The annotations to write on the endpoint's CDI device.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: Key, v: String| {
+            m.insert(k.as_str().to_string(), v);
+        };
+        put(Key::RdmaDevice, self.rdma_device.clone());
+        if let Some(pci) = &self.pci_address {
+            put(Key::PciAddress, pci.clone());
+        }
+        if let Some(root) = &self.pcie_root {
+            put(Key::PcieRoot, root.clone());
+        }
+        if let Some(numa) = self.numa {
+            put(Key::Numa, numa.to_string());
+        }
+        put(Key::Link, self.link.as_str().to_string());
+        if !self.interfaces.is_empty() {
+            put(
+                Key::Interface,
+                self.interfaces.join(&INTERFACE_SEPARATOR.to_string()),
+            );
+        }
+        if let Some(parent) = &self.parent {
+            put(Key::Parent, parent.clone());
+        }
+        m
+    }
+
+    /// Reads the annotations of a CDI device named `device`: every value is
+    /// checked against its grammar, and the `rdma-device` annotation must
+    /// name the device itself.
+    pub fn from_map(
+        device: &str,
+        map: &BTreeMap<String, String>,
+    ) -> Result<EndpointAnnotations, AnnotationError> {
+        let get = |k: Key| map.get(k.as_str()).map(String::as_str);
+        let malformed =
+            |key: Key, value: &str, expected: &'static str| AnnotationError::Malformed {
+                key,
+                value: value.to_string(),
+                expected,
+            };
+        let required = |k: Key| get(k).ok_or(AnnotationError::Missing { key: k });
+        let pci_address = |k: Key| -> Result<Option<String>, AnnotationError> {
+            match get(k) {
+                Some(v) if pci::is_pci_address(v) => Ok(Some(v.to_string())),
+                Some(v) => Err(malformed(k, v, "expected a PCI address DDDD:BB:DD.F")),
+                None => Ok(None),
+            }
+        };
+
+        let rdma_device = required(Key::RdmaDevice)?;
+        if rdma_device != device || !names::is_cdi_device_name(rdma_device) {
+            return Err(malformed(
+                Key::RdmaDevice,
+                rdma_device,
+                "expected the CDI device's own name",
+            ));
+        }
+        let link = required(Key::Link)?;
+        let link = parse_link(link)
+            .ok_or_else(|| malformed(Key::Link, link, "expected OK, Unverified or Failed"))?;
+        let pcie_root = match get(Key::PcieRoot) {
+            Some(v) if pci::is_host_bridge(v) => Some(v.to_string()),
+            Some(v) => return Err(malformed(Key::PcieRoot, v, "expected pciDDDD:BB")),
+            None => None,
+        };
+        let numa = match get(Key::Numa) {
+            Some(v) => Some(
+                v.parse::<u32>()
+                    .map_err(|_| malformed(Key::Numa, v, "expected a NUMA node number"))?,
+            ),
+            None => None,
+        };
+        let interfaces = match get(Key::Interface) {
+            Some(v) => {
+                let names: Vec<String> = v.split(INTERFACE_SEPARATOR).map(str::to_string).collect();
+                if names.iter().any(String::is_empty) {
+                    return Err(malformed(
+                        Key::Interface,
+                        v,
+                        "expected interface names joined by +",
+                    ));
+                }
+                names
+            }
+            None => Vec::new(),
+        };
+        Ok(EndpointAnnotations {
+            rdma_device: rdma_device.to_string(),
+            pci_address: pci_address(Key::PciAddress)?,
+            pcie_root,
+            numa,
+            link,
+            interfaces,
+            parent: pci_address(Key::Parent)?,
+        })
+    }
+}
+
+/// The verdict from its annotation spelling ([`LinkState::as_str`]).
+fn parse_link(s: &str) -> Option<LinkState> {
+    [LinkState::Ok, LinkState::Unverified, LinkState::Failed]
+        .into_iter()
+        .find(|l| l.as_str() == s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vf() -> EndpointAnnotations {
+        EndpointAnnotations {
+            rdma_device: "mlx5_3".into(),
+            pci_address: Some("0000:04:00.2".into()),
+            pcie_root: Some("pci0000:00".into()),
+            numa: Some(1),
+            link: LinkState::Failed,
+            interfaces: vec!["ens1f0v1".into()],
+            parent: Some("0000:04:00.0".into()),
+        }
+    }
+
+    #[test]
+    fn every_field_round_trips_through_the_annotations() {
+        let dual = EndpointAnnotations {
+            rdma_device: "mlx5_0".into(),
+            pci_address: None,
+            pcie_root: None,
+            numa: None,
+            link: LinkState::Unverified,
+            interfaces: vec!["ib0".into(), "ib0.8001".into()],
+            parent: None,
+        };
+        for a in [vf(), dual] {
+            let map = a.to_map();
+            assert_eq!(
+                EndpointAnnotations::from_map(&a.rdma_device, &map),
+                Ok(a.clone())
+            );
+        }
+        let map = vf().to_map();
+        assert_eq!(map["rdma.gpustack.ai/link"], "Failed");
+        assert_eq!(map["rdma.gpustack.ai/pcie-root"], "pci0000:00");
+        assert_eq!(map.len(), 7);
+    }
+
+    #[test]
+    fn a_missing_or_malformed_annotation_names_its_key_and_value() {
+        let err = |edit: &dyn Fn(&mut BTreeMap<String, String>)| {
+            let mut m = vf().to_map();
+            edit(&mut m);
+            EndpointAnnotations::from_map("mlx5_3", &m)
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err(&|m| {
+                m.remove(Key::Link.as_str());
+            }),
+            "annotation rdma.gpustack.ai/link is missing"
+        );
+        assert_eq!(
+            err(&|m| {
+                m.insert(Key::Link.as_str().into(), "failed".into());
+            }),
+            "annotation rdma.gpustack.ai/link is \"failed\", expected OK, Unverified or Failed"
+        );
+        for (key, value) in [
+            (Key::Numa, "-1"),
+            (Key::Numa, "one"),
+            (Key::PciAddress, "04:00.2"),
+            (Key::Parent, "0000:04:00"),
+            (Key::PcieRoot, "0000:00"),
+            (Key::Interface, "a++b"),
+            (Key::RdmaDevice, "mlx5_4"),
+        ] {
+            let text = err(&|m| {
+                m.insert(key.as_str().into(), value.into());
+            });
+            assert!(
+                text.starts_with(&format!("annotation {key} is {value:?}, expected")),
+                "{text}"
+            );
+        }
+        // keys this release does not know are a newer writer's, not an error
+        let mut m = vf().to_map();
+        m.insert("rdma.gpustack.ai/rail".into(), "rail-3".into());
+        assert_eq!(EndpointAnnotations::from_map("mlx5_3", &m), Ok(vf()));
+    }
+}
