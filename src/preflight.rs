@@ -86,7 +86,7 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
         .map(|a| {
             let f = a.topology.fabric.as_ref();
             vec![
-                a.manufacturer.clone(),
+                a.manufacturer.to_string(),
                 a.pci_bus_id.clone(),
                 a.numa.map_or_else(dash, |n| n.to_string()),
                 f.map_or_else(dash, |f| f.kind.clone()),

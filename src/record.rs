@@ -114,12 +114,69 @@ pub struct Interface {
 pub struct UnreadableFact {
     /// The record field it fills (`virtualFunctionsConfigured`, `rdmaDevice` …),
     /// or `interface` when the whole interface could not be read.
-    pub fact: String,
+    pub fact: Fact,
     /// Why it could not be read, naming the path.
     pub reason: String,
     /// True when the value was kept from the previous pass; false when there
     /// was none to keep and the value is unknown.
     pub kept: bool,
+}
+
+/// A fact that can be unreadable: the record field it fills, spelt as in the
+/// record. An enum, so a fact that is noted is always one that can be kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Fact {
+    /// The whole interface: its `class/net` entry or `device` link.
+    Interface,
+    /// The bus its device sits on (the `subsystem` link).
+    Bus,
+    /// `mtu`.
+    Mtu,
+    /// `operstate` and `flags`.
+    Up,
+    /// `numa_node`.
+    Numa,
+    /// `local_cpulist`.
+    CpuAffinity,
+    /// `sriov_totalvfs`.
+    PhysicalFunction,
+    /// `sriov_numvfs`.
+    VirtualFunctionsConfigured,
+    /// The VF list (`virtfnN` links).
+    VirtualFunctions,
+    /// The bound RDMA device's verbs character device.
+    Verbs,
+    /// The bound RDMA device (`device/infiniband`).
+    RdmaDevice,
+    /// A whole accelerator (`vendor`, `class`).
+    Accelerator,
+}
+
+impl Fact {
+    /// The spelling in the record and in preflight.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fact::Interface => "interface",
+            Fact::Bus => "bus",
+            Fact::Mtu => "mtu",
+            Fact::Up => "up",
+            Fact::Numa => "numa",
+            Fact::CpuAffinity => "cpuAffinity",
+            Fact::PhysicalFunction => "physicalFunction",
+            Fact::VirtualFunctionsConfigured => "virtualFunctionsConfigured",
+            Fact::VirtualFunctions => "virtualFunctions",
+            Fact::Verbs => "verbs",
+            Fact::RdmaDevice => "rdmaDevice",
+            Fact::Accelerator => "accelerator",
+        }
+    }
+}
+
+impl std::fmt::Display for Fact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl UnreadableFact {
@@ -266,12 +323,84 @@ pub struct PortReading {
     pub phys_state: Option<String>,
 }
 
+/// An accelerator maker, found by its PCI vendor ID and spelt in the record
+/// and labels as its key (`nvidia`, `amd`, `ascend` …). The variants are in
+/// the keys' alphabetical order, the order of the record's groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// 1002, AMD/ATI.
+    Amd,
+    /// 19e5, Huawei (Ascend NPUs).
+    Ascend,
+    /// cabc, Cambricon.
+    Cambricon,
+    /// 1e36, Enflame.
+    Enflame,
+    /// 1da3, Habana Labs (Intel Gaudi).
+    Gaudi,
+    /// 1e3e, Iluvatar CoreX.
+    Iluvatar,
+    /// 9999, MetaX.
+    Metax,
+    /// 1ed5, Moore Threads.
+    Mthreads,
+    /// 10de, NVIDIA.
+    Nvidia,
+}
+
+impl Vendor {
+    /// Every maker with its PCI vendor ID. IDs checked against `pci.ids`
+    /// from Debian 12's `hwdata` (2023.04.10); cabc, 1e3e and 9999 are not in
+    /// it and come from their own Linux drivers' ID tables.
+    pub const PCI_IDS: [(u16, Vendor); 9] = [
+        (0x10de, Vendor::Nvidia),
+        (0x1002, Vendor::Amd),
+        (0x1da3, Vendor::Gaudi),
+        (0x19e5, Vendor::Ascend),
+        (0xcabc, Vendor::Cambricon),
+        (0x1e36, Vendor::Enflame),
+        (0x1e3e, Vendor::Iluvatar),
+        (0x9999, Vendor::Metax),
+        (0x1ed5, Vendor::Mthreads),
+    ];
+
+    /// The maker of a PCI vendor ID, if it makes accelerators.
+    pub fn from_pci_id(id: u32) -> Option<Vendor> {
+        Self::PCI_IDS
+            .iter()
+            .find(|(v, _)| u32::from(*v) == id)
+            .map(|(_, maker)| *maker)
+    }
+
+    /// The key in the record and labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Amd => "amd",
+            Vendor::Ascend => "ascend",
+            Vendor::Cambricon => "cambricon",
+            Vendor::Enflame => "enflame",
+            Vendor::Gaudi => "gaudi",
+            Vendor::Iluvatar => "iluvatar",
+            Vendor::Metax => "metax",
+            Vendor::Mthreads => "mthreads",
+            Vendor::Nvidia => "nvidia",
+        }
+    }
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The accelerators of one manufacturer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AcceleratorGroup {
-    /// Manufacturer key (`nvidia`, `amd`, `ascend` …).
-    pub manufacturer: String,
+    /// The manufacturer.
+    pub manufacturer: Vendor,
     /// Its accelerators, sorted by PCI address.
     pub accelerators: Vec<Accelerator>,
 }
@@ -282,8 +411,8 @@ pub struct AcceleratorGroup {
 pub struct Accelerator {
     /// Index within its manufacturer, in PCI address order.
     pub id: String,
-    /// Manufacturer key, as in the group.
-    pub manufacturer: String,
+    /// The manufacturer, as in the group.
+    pub manufacturer: Vendor,
     /// PCI vendor:device, lowercase hex (`10de:2330`).
     pub pci_id: String,
     /// The PCI address.

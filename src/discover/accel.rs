@@ -1,38 +1,11 @@
-//! Accelerators, found on the PCI bus by vendor and class.
-//!
-//! Vendor IDs checked against `pci.ids` from Debian 12's `hwdata`
-//! (version 2023.04.10): 10de NVIDIA, 1002 AMD/ATI, 1da3 Habana Labs (Intel
-//! Gaudi), 19e5 Huawei, 1e36 Enflame, 1ed5 Moore Threads. Three vendors are not
-//! in that list and come from their own Linux drivers' ID tables: cabc
-//! Cambricon, 1e3e Iluvatar CoreX, 9999 MetaX.
+//! Accelerators, found on the PCI bus by vendor ([`Vendor::PCI_IDS`]) and class.
 
 use super::net::VfParents;
 use super::{device_topology, numa_answer};
-use crate::record::{Accelerator, AcceleratorGroup, NodeRecord, UnreadableFact};
+use crate::record::{Accelerator, AcceleratorGroup, Fact, NodeRecord, UnreadableFact, Vendor};
 use crate::sysfs::{basename, join, parse_hex, BuildPathHash, SysError, SysRoot};
 use std::collections::{BTreeMap, HashMap};
 use tracing::{debug, warn};
-
-/// PCI vendor ID → manufacturer key used in the record and labels.
-pub const VENDORS: &[(u16, &str)] = &[
-    (0x10de, "nvidia"),
-    (0x1002, "amd"),
-    (0x1da3, "gaudi"),
-    (0x19e5, "ascend"),
-    (0xcabc, "cambricon"),
-    (0x1e36, "enflame"),
-    (0x1e3e, "iluvatar"),
-    (0x9999, "metax"),
-    (0x1ed5, "mthreads"),
-];
-
-/// The manufacturer key of an accelerator maker's PCI vendor ID.
-fn maker_of(vendor: u32) -> Option<&'static str> {
-    VENDORS
-        .iter()
-        .find(|(id, _)| u32::from(*id) == vendor)
-        .map(|(_, maker)| *maker)
-}
 
 /// True for the PCI classes an accelerator presents: display controllers
 /// (0x03xx: VGA, 3D, other) and processing accelerators (0x12xx). This keeps
@@ -60,7 +33,7 @@ pub fn accelerators(
         let prev = previous?.accelerators().find(|a| a.pci_bus_id == addr)?;
         let mut acc = prev.clone();
         acc.unreadable = vec![UnreadableFact {
-            fact: "accelerator".into(),
+            fact: Fact::Accelerator,
             reason: why,
             kept: true,
         }];
@@ -74,7 +47,7 @@ pub fn accelerators(
         }
         Err(e) => return Err(e),
     };
-    let mut by_vendor: BTreeMap<&'static str, Vec<Accelerator>> = BTreeMap::new();
+    let mut by_vendor: BTreeMap<Vendor, Vec<Accelerator>> = BTreeMap::new();
     // Every other function first, so that each known VF's PF has answered
     // by the time the VF comes (the kernel's order would do, as a VF's
     // address follows its PF's, but nothing here leans on it).
@@ -84,7 +57,7 @@ pub fn accelerators(
     let mut vendors: HashMap<String, u32, BuildPathHash> = HashMap::default();
     for entry in others.into_iter().chain(vfs) {
         let pf_vendor = vf_parents.get(&entry).and_then(|pf| vendors.get(pf));
-        if pf_vendor.is_some_and(|v| maker_of(*v).is_none()) {
+        if pf_vendor.is_some_and(|v| Vendor::from_pci_id(*v).is_none()) {
             continue;
         }
         let dev = match root.resolve(&join("bus/pci/devices", &entry)) {
@@ -104,7 +77,7 @@ pub fn accelerators(
         // NIC functions, VFs above all).
         let read = hex("vendor").and_then(|v| {
             vendors.insert(entry.clone(), v);
-            match maker_of(v) {
+            match Vendor::from_pci_id(v) {
                 None => Ok(None),
                 Some(maker) => hex("class").map(|c| Some((v, maker, c))),
             }
@@ -115,12 +88,7 @@ pub fn accelerators(
             Err(why) => {
                 if let Some(acc) = kept(basename(&dev), why) {
                     warn!("PCI device {entry} unreadable, keeping the previous record's accelerator: {}", acc.unreadable[0].reason);
-                    let maker = VENDORS
-                        .iter()
-                        .find(|(_, m)| *m == acc.manufacturer)
-                        .map(|(_, m)| *m)
-                        .unwrap_or("unknown");
-                    by_vendor.entry(maker).or_default().push(acc);
+                    by_vendor.entry(acc.manufacturer).or_default().push(acc);
                 }
                 continue;
             }
@@ -142,7 +110,7 @@ pub fn accelerators(
                 (
                     prev.and_then(|a| a.numa),
                     vec![UnreadableFact {
-                        fact: "numa".into(),
+                        fact: Fact::Numa,
                         reason: why,
                         kept: prev.is_some(),
                     }],
@@ -151,7 +119,7 @@ pub fn accelerators(
         };
         by_vendor.entry(maker).or_default().push(Accelerator {
             id: String::new(),
-            manufacturer: maker.to_string(),
+            manufacturer: maker,
             pci_id: format!("{vendor:04x}:{device_id:04x}"),
             pci_bus_id,
             numa,
@@ -168,7 +136,7 @@ pub fn accelerators(
                 a.id = i.to_string();
             }
             AcceleratorGroup {
-                manufacturer: maker.to_string(),
+                manufacturer: maker,
                 accelerators: accs,
             }
         })

@@ -7,7 +7,7 @@
 //! and marks it kept. With no previous value the fact stays unknown, which
 //! every consumer already reads as `Unverified`, never as absence.
 
-use crate::record::{Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
+use crate::record::{Fact, Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
 use crate::sysfs::SysRoot;
 
 /// One attribute read as an answer or as unreadable: `Ok(Some(text))` read,
@@ -34,9 +34,9 @@ pub(crate) fn parsed<T: std::str::FromStr>(root: &SysRoot, rel: &str) -> Result<
 }
 
 /// Notes an unreadable fact on an endpoint (not yet kept).
-pub(crate) fn note(iface: &mut Interface, fact: &str, reason: String) {
+pub(crate) fn note(iface: &mut Interface, fact: Fact, reason: String) {
     iface.unreadable.push(UnreadableFact {
-        fact: fact.to_string(),
+        fact,
         reason,
         kept: false,
     });
@@ -57,8 +57,8 @@ fn matching<'a>(previous: &'a NodeRecord, ep: &Interface) -> Option<&'a Interfac
 /// Copies one fact's value from `prev` into `ep`; false when there is nothing
 /// to copy (the previous endpoint has no such value for it).
 fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> bool {
-    match fact.fact.as_str() {
-        "interface" => {
+    match fact.fact {
+        Fact::Interface => {
             // The whole interface could not be read: everything but the
             // verdict is the previous pass's. The link cannot have been read
             // either, so the verdict says that instead of repeating an old one.
@@ -74,27 +74,28 @@ fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> boo
                 };
             }
         }
-        "bus" => ep.bus = prev.bus.clone(),
-        "mtu" => ep.mtu = prev.mtu,
-        "up" => ep.up = prev.up,
-        "numa" => ep.numa = prev.numa,
-        "cpuAffinity" => ep.cpu_affinity = prev.cpu_affinity.clone(),
-        "physicalFunction" => ep.physical_function = prev.physical_function,
-        "virtualFunctionsConfigured" => {
+        Fact::Bus => ep.bus = prev.bus.clone(),
+        Fact::Mtu => ep.mtu = prev.mtu,
+        Fact::Up => ep.up = prev.up,
+        Fact::Numa => ep.numa = prev.numa,
+        Fact::CpuAffinity => ep.cpu_affinity = prev.cpu_affinity.clone(),
+        Fact::PhysicalFunction => ep.physical_function = prev.physical_function,
+        Fact::VirtualFunctionsConfigured => {
             ep.virtual_functions_configured = prev.virtual_functions_configured
         }
-        "virtualFunctions" => ep.virtual_functions = prev.virtual_functions.clone(),
+        Fact::VirtualFunctions => ep.virtual_functions = prev.virtual_functions.clone(),
         // The verbs device belongs to the RDMA device: kept only for the same one.
-        "verbs" if prev.rdma_device == ep.rdma_device && prev.verbs.is_some() => {
+        Fact::Verbs if prev.rdma_device == ep.rdma_device && prev.verbs.is_some() => {
             ep.verbs = prev.verbs.clone();
             ep.verbs_error = None;
         }
-        "verbs" => return false,
-        "rdmaDevice" => {
+        Fact::Verbs => return false,
+        Fact::RdmaDevice => {
             ep.rdma = prev.rdma;
             ep.rdma_device = prev.rdma_device.clone();
         }
-        _ => return false,
+        // An accelerator's facts are kept by the accelerator scan.
+        Fact::Accelerator => return false,
     }
     true
 }

@@ -7,7 +7,7 @@ pub mod net;
 pub mod rdma;
 
 use crate::pci;
-use crate::record::{LinkState, NodeRecord, Spec, Topology, RECORD_VERSION};
+use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, RECORD_VERSION};
 use crate::sysfs::{join, SysError, SysRoot};
 use std::collections::HashMap;
 
@@ -67,7 +67,7 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
                 Ok(dev) => iface.verbs = Some(dev),
                 Err(why) => {
                     if index.has_unreadable() {
-                        keep::note(iface, "verbs", why.clone());
+                        keep::note(iface, Fact::Verbs, why.clone());
                     }
                     iface.verbs_error = Some(why);
                 }

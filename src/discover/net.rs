@@ -4,7 +4,7 @@
 use super::keep::{attribute, note, parsed};
 use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
-use crate::record::{Interface, LinkState, LinkVerdict};
+use crate::record::{Fact, Interface, LinkState, LinkVerdict};
 use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
 use tracing::warn;
 
@@ -87,7 +87,7 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
                     bus: "unknown".into(),
                     ..Default::default()
                 };
-                note(&mut iface, "interface", e.to_string());
+                note(&mut iface, Fact::Interface, e.to_string());
                 out.push(iface);
             }
         }
@@ -156,7 +156,7 @@ impl Walk<'_> {
         if let Some(dev) = device {
             match self.virtual_functions(dev, &iface) {
                 Ok(vfs) => iface.virtual_functions = vfs,
-                Err(e) => note(&mut iface, "virtualFunctions", e.to_string()),
+                Err(e) => note(&mut iface, Fact::VirtualFunctions, e.to_string()),
             }
         }
         iface
@@ -215,12 +215,12 @@ impl Walk<'_> {
             ..Default::default()
         };
         if let Some(why) = bus_unreadable {
-            note(&mut iface, "bus", why);
+            note(&mut iface, Fact::Bus, why);
         }
         if let Some(net) = netdir {
             match parsed(root, &join(net, "mtu")) {
                 Ok(v) => iface.mtu = v,
-                Err(why) => note(&mut iface, "mtu", why),
+                Err(why) => note(&mut iface, Fact::Mtu, why),
             }
             // `unknown` is what drivers without carrier reporting (loopback, some
             // virtual NICs) say; then the administrative IFF_UP flag decides.
@@ -228,7 +228,7 @@ impl Walk<'_> {
                 Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
                     note(
                         &mut iface,
-                        "up",
+                        Fact::Up,
                         format!("{net}/operstate: {oper:?} is not an RFC 2863 operational state"),
                     );
                 }
@@ -241,13 +241,13 @@ impl Walk<'_> {
                                     .and_then(|f| parse_hex(&f))
                                     .is_some_and(|f| f & 0x1 != 0)
                             }
-                            Err(why) => note(&mut iface, "up", why),
+                            Err(why) => note(&mut iface, Fact::Up, why),
                         }
                     } else {
                         iface.up = oper == "up";
                     }
                 }
-                Err(why) => note(&mut iface, "up", why),
+                Err(why) => note(&mut iface, Fact::Up, why),
             }
         }
         let Some(dev) = device else { return iface };
@@ -257,7 +257,7 @@ impl Walk<'_> {
                 n
             }
             Err(why) => {
-                note(&mut iface, "numa", why);
+                note(&mut iface, Fact::Numa, why);
                 None
             }
         };
@@ -265,7 +265,7 @@ impl Walk<'_> {
         let node = node.filter(|_| bus == "pci");
         match self.cpu_list(dev, node) {
             Ok(v) => iface.cpu_affinity = v.filter(|s| !s.is_empty()),
-            Err(why) => note(&mut iface, "cpuAffinity", why),
+            Err(why) => note(&mut iface, Fact::CpuAffinity, why),
         }
         if bus == "pci" {
             iface.pci_bus_id = Some(basename(dev).to_string());
@@ -279,11 +279,11 @@ impl Walk<'_> {
         if function == Function::Top {
             match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
                 Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
-                Err(why) => note(&mut iface, "physicalFunction", why),
+                Err(why) => note(&mut iface, Fact::PhysicalFunction, why),
             }
             match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
                 Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
-                Err(why) => note(&mut iface, "virtualFunctionsConfigured", why),
+                Err(why) => note(&mut iface, Fact::VirtualFunctionsConfigured, why),
             }
         }
         match rdma::bound_device(root, dev) {
@@ -303,7 +303,7 @@ impl Walk<'_> {
                     ports: vec![],
                     first_seen: None,
                 });
-                note(&mut iface, "rdmaDevice", e.to_string());
+                note(&mut iface, Fact::RdmaDevice, e.to_string());
             }
         }
         iface
@@ -346,7 +346,7 @@ impl Walk<'_> {
                             topology: pf.topology.clone(),
                             ..Default::default()
                         };
-                        note(&mut vf, "interface", e.to_string());
+                        note(&mut vf, Fact::Interface, e.to_string());
                         vfs.push(vf);
                     }
                     continue;

@@ -12,7 +12,7 @@ pub mod ascend;
 pub mod nvidia;
 pub mod nvml;
 
-use crate::record::{Fabric, NodeRecord};
+use crate::record::{Fabric, NodeRecord, Vendor};
 use crate::sysfs::SysRoot;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -145,8 +145,8 @@ pub fn apply(
     previous: Option<&NodeRecord>,
 ) {
     for group in &mut record.spec.groups {
-        match group.manufacturer.as_str() {
-            "nvidia" => {
+        match group.manufacturer {
+            Vendor::Nvidia => {
                 let blocks = match sources.nvidia_answer() {
                     Ok(b) => b,
                     Err(e) => {
@@ -167,7 +167,7 @@ pub fn apply(
                     }
                 }
             }
-            "amd" => {
+            Vendor::Amd => {
                 for acc in &mut group.accelerators {
                     let path = format!(
                         "bus/pci/devices/{}/xgmi_hive_info/xgmi_hive_id",
@@ -192,7 +192,7 @@ pub fn apply(
                     }
                 }
             }
-            "ascend" => {
+            Vendor::Ascend => {
                 let answers = match sources.ascend_answers() {
                     None => Err("no --ascend-fabric input given".to_string()),
                     Some(Err(e)) => {
@@ -218,7 +218,7 @@ pub fn apply(
                     }
                 }
             }
-            "cambricon" => {
+            Vendor::Cambricon => {
                 for acc in &mut group.accelerators {
                     acc.fabric_note = Some(
                         "Cambricon MLU-Link reports no domain identity, only per-link peers".into(),

@@ -365,7 +365,9 @@ fn nvidia_smi_view(
             (query.display().to_string(), topo.display().to_string()),
         ),
         NvidiaInput::Command(bin) => {
-            let has_nvidia = record.accelerators().any(|a| a.manufacturer == "nvidia");
+            let has_nvidia = record
+                .accelerators()
+                .any(|a| a.manufacturer == crate::record::Vendor::Nvidia);
             if bin.is_none() && !has_nvidia {
                 return Ok(Vec::new());
             }
