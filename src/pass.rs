@@ -23,10 +23,20 @@ pub struct Pass {
     pub labels: LabelSet,
 }
 
+/// A [`NOW_ENV`] value that is not an RFC 3339 time.
+#[derive(Debug, thiserror::Error)]
+#[error("{NOW_ENV}={value:?}: {source}")]
+pub struct BadNow {
+    /// The text found.
+    pub value: String,
+    /// Why it is not a time.
+    pub source: humantime::TimestampError,
+}
+
 /// The current time, or the one pinned by [`NOW_ENV`].
-pub fn now() -> anyhow::Result<SystemTime> {
+pub fn now() -> Result<SystemTime, BadNow> {
     match std::env::var(NOW_ENV) {
-        Ok(v) => humantime::parse_rfc3339(&v).map_err(|e| anyhow::anyhow!("{NOW_ENV}={v:?}: {e}")),
+        Ok(value) => humantime::parse_rfc3339(&value).map_err(|source| BadNow { value, source }),
         Err(_) => Ok(SystemTime::now()),
     }
 }

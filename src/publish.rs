@@ -7,11 +7,53 @@
 
 use crate::cdi::{self, Family};
 use crate::record::NodeRecord;
-use anyhow::{Context, Result};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tracing::{info, warn};
+
+/// Why a write did not happen; each names the file or folder.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// A file-system step failed: `{step} {path}`, with the cause beneath.
+    #[error("{step} {}", path.display())]
+    Io {
+        /// What was being done (`creating`, `writing`, `renaming into` …).
+        step: &'static str,
+        /// The file or folder it was done to.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A folder that takes nothing until this process restarts.
+    #[error("{0}; nothing published")]
+    StaleFolder(String),
+    /// A folder that refuses new files: nothing was written anywhere.
+    #[error("{} does not take new files; nothing published", path.display())]
+    Refused {
+        /// The folder.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// CDI families whose spec could not be generated (each previous file kept).
+    #[error("CDI specs not written: {}", .0.join(" | "))]
+    CdiNotWritten(Vec<String>),
+}
+
+/// A `PublishError::Io` for `step` on `path`, for `map_err`.
+fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> PublishError + 'a {
+    move |source| PublishError::Io {
+        step,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The result of a write.
+pub type Result<T, E = PublishError> = std::result::Result<T, E>;
 
 /// The file in `--state-dir` holding the last published record.
 pub const STATE_RECORD: &str = "record.json";
@@ -27,16 +69,16 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .tempfile_in(dir)
-        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+        .map_err(io("creating a temp file in", dir))?;
     // The temp file is created 0600; the mode is set before the rename, so
     // the published name never points at a file its readers cannot open.
     tmp.as_file()
         .set_permissions(fs::Permissions::from_mode(FILE_MODE))
         .and_then(|_| tmp.write_all(bytes))
         .and_then(|_| tmp.as_file().sync_all())
-        .with_context(|| format!("writing {}", tmp.path().display()))?;
+        .map_err(io("writing", tmp.path()))?;
     tmp.persist(&target)
-        .with_context(|| format!("renaming into {}", target.display()))?;
+        .map_err(|e| io("renaming into", &target)(e.error))?;
     // Make the rename itself durable; a failure here is not worth failing the pass.
     if let Err(e) = fs::File::open(dir).and_then(|d| d.sync_all()) {
         warn!("fsync of {} failed: {e}", dir.display());
@@ -49,18 +91,16 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
 /// folder must not have replaced the first folder's file already.
 pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
     if let Some(why) = stale_folder(dirs) {
-        anyhow::bail!("{why}; nothing published");
+        return Err(PublishError::StaleFolder(why));
     }
     for (_, dir) in dirs {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::create_dir_all(dir).map_err(io("creating", dir))?;
         tempfile::Builder::new()
             .prefix(".nodefabric-check.")
             .tempfile_in(dir)
-            .with_context(|| {
-                format!(
-                    "{} does not take new files; nothing published",
-                    dir.display()
-                )
+            .map_err(|source| PublishError::Refused {
+                path: dir.to_path_buf(),
+                source,
             })?;
     }
     Ok(())
@@ -136,7 +176,7 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
 /// that cannot be generated keeps its previous file (the pass then fails).
 /// Files of other tools are never touched: only our own names are written.
 pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    fs::create_dir_all(dir).map_err(io("creating", dir))?;
     let mut failed = Vec::new();
     for family in Family::ALL {
         let name = family.file_name();
@@ -149,16 +189,14 @@ pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
             Ok(None) => match fs::remove_file(dir.join(name)) {
                 Ok(()) => info!("removed {}: no endpoints left", dir.join(name).display()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("removing {}", dir.join(name).display()))
-                }
+                Err(e) => return Err(io("removing", &dir.join(name))(e)),
             },
             // Reported once, by the pass's error; the previous file stays.
             Err(e) => failed.push(format!("{} kept: {e}", dir.join(name).display())),
         }
     }
     if !failed.is_empty() {
-        anyhow::bail!("CDI specs not written: {}", failed.join(" | "));
+        return Err(PublishError::CdiNotWritten(failed));
     }
     Ok(())
 }

@@ -176,5 +176,5 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
             ),
         }
     });
-    cdi.and(rails)
+    cdi.map_err(anyhow::Error::from).and(rails)
 }

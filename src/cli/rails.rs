@@ -189,7 +189,8 @@ pub(super) fn publish_rails(
     let written = file.map_or(Ok(()), |file| {
         let (dir, name) = folder_and_name(file, "--rails-file")?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        publish::write_if_changed(dir, name, &rails::to_bytes(&record)).map(drop)
+        publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
+        Ok(())
     });
     let patched = target.map_or(Ok(()), |t| args.cluster.publish(t, &record));
     written.and(patched)
