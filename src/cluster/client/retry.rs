@@ -118,7 +118,10 @@ impl Attempt {
     /// Whether this outcome is transient, so worth another try.
     pub fn transient(&self) -> bool {
         match *self {
-            Attempt::Answer { status, .. } if matches!(status, 429 | 503 | 504) => true,
+            Attempt::Answer {
+                status: 429 | 503 | 504,
+                ..
+            } => true,
             Attempt::Answer {
                 status,
                 retry_after,

@@ -17,7 +17,6 @@ pub mod stale_records;
 use super::client::retry::Backoff;
 use super::error::Chain;
 use super::{ClusterError, ConfigMapRef};
-
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
