@@ -142,10 +142,12 @@ fn traffic(rt: &tokio::runtime::Runtime, base: &RailRecord, n: usize, dir: &Path
     let cm = ConfigMapRef::parse(&format!("{NS}/{CM}")).unwrap();
 
     rt.block_on(async {
-        let client =
-            nodefabric::cluster::connect(Path::new("/nonexistent"), Some(Duration::from_secs(60)))
-                .await
-                .unwrap();
+        let client = nodefabric::cluster::client::connect(&nodefabric::cluster::client::Settings {
+            service_account_dir: "/nonexistent".into(),
+            timeout: Some(Duration::from_secs(60)),
+        })
+        .await
+        .unwrap();
         // The ConfigMap form: every node publishes (as brokers do on start) until the ConfigMap is full.
         let mut held = n;
         for (i, uid) in uids.iter().enumerate() {

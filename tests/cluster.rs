@@ -1052,7 +1052,7 @@ fn stand_in_refuses_json_patch_add_without_data_and_remove_of_an_absent_key_as_t
         "an empty map is not stored"
     );
     let kubeconfig = kube::config::Kubeconfig::read_from(&w.kubeconfig).unwrap();
-    let codes = nodefabric::cluster::block_on(async {
+    let codes = nodefabric::cluster::client::block_on(async {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .unwrap();

@@ -387,7 +387,7 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
 }
 
 /// The observer's Deployment, parsed.
-fn observer() -> (Deployment, nodefabric::cluster::args::ObserveArgs) {
+fn observer() -> (Deployment, nodefabric::cli::ObserveArgs) {
     let d: Deployment = typed("observer.yaml", &yaml("observer.yaml"));
     let c = &d
         .spec

@@ -11,10 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 mod capture;
+pub mod cluster_args;
 mod publish;
 mod rails;
 
 pub use capture::CaptureArgs;
+pub use cluster_args::{BrokerArgs, ObserveArgs, RecordForm};
 pub use publish::{publish_once, PublishArgs};
 pub use rails::{RailArgs, RailsCommand};
 
@@ -145,7 +147,7 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  nodefabric observe --rails-configmap nodefabric/nodefabric-rails --owner-deployment nodefabric-observer\n  nodefabric observe --rails-record custom-resource"
     )]
-    Observe(cluster::args::ObserveArgs),
+    Observe(ObserveArgs),
     /// Print the NodeRailRecord CustomResourceDefinition (YAML), derived
     /// from the rail record's Rust types: what `--rails-record
     /// custom-resource` writes. deploy/crds/ holds the same text.

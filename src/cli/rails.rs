@@ -66,7 +66,7 @@ pub struct RailArgs {
 
     /// This node's identity and the shared ConfigMap (the broker).
     #[command(flatten)]
-    pub cluster: cluster::args::BrokerArgs,
+    pub cluster: super::BrokerArgs,
 }
 
 impl RailArgs {
@@ -149,7 +149,7 @@ impl RailArgs {
     pub fn target(
         &self,
         config: Option<&rails::config::RailConfig>,
-    ) -> Result<Option<cluster::args::Target>> {
+    ) -> Result<Option<cluster::broker::Target>> {
         self.cluster
             .target(config.and_then(|c| c.config_map_name.as_deref()))
     }
@@ -173,7 +173,7 @@ pub(super) fn publish_rails(
     args: &RailArgs,
     config: Option<&rails::config::RailConfig>,
     file: Option<&Path>,
-    target: Option<&cluster::args::Target>,
+    target: Option<&cluster::broker::Target>,
 ) -> Result<()> {
     let kept = match (file, target) {
         (Some(f), Some(t)) => format!("previous {} and {t} kept", f.display()),

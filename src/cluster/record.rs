@@ -10,10 +10,16 @@
 //! Each object carries an ownerReference to its Node (the Node's UID; not a
 //! controller reference), so Kubernetes' garbage collector removes it when
 //! the Node is deleted, or replaced under the same name with a new UID.
+//!
+//! Here too: how a refused NodeRailRecord request is told apart (no CRD,
+//! no permission), for the broker and the observer alike.
 
+use super::error::status_message;
+use super::{code, ClusterError};
 use crate::rails::RailRecord;
-use kube::CustomResource;
+use kube::api::{ApiResource, DynamicObject};
 use kube::CustomResourceExt;
+use kube::{Api, Client, CustomResource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -118,6 +124,38 @@ pub fn owner_uid(
         .iter()
         .find(|r| r.kind == "Node" && r.api_version == "v1")
         .map(|r| r.uid.as_str())
+}
+
+/// NodeRailRecords without their type: for deletes, whose answer (the
+/// object as it was) may be of another format version than this build's.
+pub(crate) fn records_untyped(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<NodeRailRecord>(&()))
+}
+
+/// Names what a refused NodeRailRecord request needs: a missing CRD, a
+/// missing permission (`needs`), or the API's own answer.
+pub(crate) fn record_error(request: String, needs: &str, e: kube::Error) -> ClusterError {
+    match code(&e) {
+        Some(404) if no_resource(&e) => ClusterError::NoCrd {
+            what: request,
+            message: status_message(&e),
+        },
+        Some(403) => ClusterError::Forbidden {
+            what: request,
+            needs: needs.to_string(),
+            message: e.to_string(),
+        },
+        _ => ClusterError::api(request, e),
+    }
+}
+
+/// Whether a 404 says the resource type is unknown (no CRD installed)
+/// rather than that one object is absent: the API server answers an unknown
+/// path in plain text ("404 page not found", which kube-rs turns into a
+/// Status without details), an absent object with `details.name`.
+pub(crate) fn no_resource(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else { return false };
+    s.details.as_ref().is_none_or(|d| d.name.is_empty())
 }
 
 #[cfg(test)]

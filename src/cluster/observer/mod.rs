@@ -1,6 +1,7 @@
-//! The Node Observer: owns the shared ConfigMap and removes records of
-//! deleted or replaced Nodes (or, with `--rails-record custom-resource`,
-//! deletes the NodeRailRecords of such Nodes: [`super::orphans`]).
+//! The Node Observer: owns the shared ConfigMap ([`claim`]) and removes
+//! records of deleted or replaced Nodes ([`stale_keys`]; or, with
+//! `--rails-record custom-resource`, deletes the NodeRailRecords of such
+//! Nodes: [`stale_records`]).
 //!
 //! It watches Node metadata (kube-runtime's watcher: a list, then a watch
 //! from its resourceVersion, re-listing when the watch falls too far
@@ -9,15 +10,20 @@
 //! on the watch reconciles that one key; a periodic full pass catches
 //! records a broker wrote for a Node already gone.
 
-use super::reconcile::{self, Nodes};
-use super::{orphans, owner, ClusterError, ConfigMapRef};
+pub mod claim;
+pub mod stale_keys;
+pub mod stale_records;
+
+use super::client::retry::Backoff;
+use super::error::Chain;
+use super::{ClusterError, ConfigMapRef};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{watcher as watch, WatchStreamExt};
 use kube::{Api, Client};
-use std::path::PathBuf;
+use stale_keys::Nodes;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -39,7 +45,7 @@ pub enum Records {
 /// Deployment that controls it.
 struct Claimed {
     cm: ConfigMapRef,
-    owner: owner::Owner,
+    owner: claim::Owner,
 }
 
 /// What `nodefabric observe` was asked to do.
@@ -49,35 +55,32 @@ pub struct Settings {
     pub records: Records,
     /// How often to reconcile every key besides the watch-driven passes.
     pub resync: Duration,
-    /// The service-account folder for the in-cluster client.
-    pub service_account_dir: PathBuf,
     /// Readiness: set once the first reconciliation has succeeded.
     pub health: super::health::Health,
 }
 
-/// Runs until SIGTERM or SIGINT (then `Ok`), or until the ConfigMap cannot
-/// be claimed (an error, with nothing changed).
-pub async fn run(settings: Settings) -> Result<(), ClusterError> {
+/// Runs with `client` until SIGTERM or SIGINT (then `Ok`), or until the
+/// ConfigMap cannot be claimed (an error, with nothing changed).
+pub async fn run(client: Client, settings: Settings) -> Result<(), ClusterError> {
     let mut term = signal(SignalKind::terminate()).map_err(ClusterError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ClusterError::Runtime)?;
     tokio::select! {
-        r = observe(&settings) => r,
+        r = observe(&client, &settings) => r,
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
     }
 }
 
-async fn observe(settings: &Settings) -> Result<(), ClusterError> {
-    let client = super::connect(&settings.service_account_dir, None).await?;
+async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterError> {
     let claimed = match &settings.records {
         Records::ConfigMap {
             configmap,
             owner_deployment,
         } => {
-            let cm = configmap.resolved(&client);
+            let cm = configmap.resolved(client);
             let ns = cm.namespace.clone().unwrap_or_default();
-            let owner = owner::deployment(&client, &ns, owner_deployment).await?;
-            owner::ensure(&client, &cm, &owner).await?;
+            let owner = claim::deployment(client, &ns, owner_deployment).await?;
+            claim::ensure(client, &cm, &owner).await?;
             Some(Claimed { cm, owner })
         }
         Records::CustomResource => None,
@@ -89,7 +92,9 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
         Api::<PartialObjectMeta<Node>>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
+    // The re-list/re-watch waits of the one API policy, endless: the
+    // observer has nothing else to do.
+    .backoff(Backoff::API.endless())
     .boxed();
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
@@ -102,7 +107,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
         let event = tokio::select! {
             e = events.next() => e,
             _ = resync.tick(), if synced => {
-                pass(&client, claimed, &nodes, None, settings).await;
+                pass(client, claimed, &nodes, None, settings).await;
                 continue;
             }
         };
@@ -110,7 +115,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
             Some(Ok(e)) => e,
             // The watcher backs off and retries by itself; say why meanwhile.
             Some(Err(e)) => {
-                tracing::warn!("watching Nodes: {:#}", anyhow::Error::new(e));
+                tracing::warn!("watching Nodes: {}", Chain(&e));
                 continue;
             }
             None => {
@@ -134,7 +139,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
                     "Node cache synced ({} Nodes); reconciling every record",
                     nodes.len()
                 );
-                pass(&client, claimed, &nodes, None, settings).await;
+                pass(client, claimed, &nodes, None, settings).await;
             }
             Event::Apply(n) => {
                 let Some((name, uid)) = name_uid(&n.metadata) else {
@@ -142,7 +147,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
                 };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
-                    pass(&client, claimed, &nodes, Some(&name), settings).await;
+                    pass(client, claimed, &nodes, Some(&name), settings).await;
                 }
             }
             Event::Delete(n) => {
@@ -151,7 +156,7 @@ async fn observe(settings: &Settings) -> Result<(), ClusterError> {
                 };
                 nodes.remove(&name);
                 if synced {
-                    pass(&client, claimed, &nodes, Some(&name), settings).await;
+                    pass(client, claimed, &nodes, Some(&name), settings).await;
                 }
             }
         }
@@ -170,17 +175,17 @@ async fn pass(
 ) {
     let result = match claimed {
         Some(Claimed { cm, owner }) => {
-            let mut result = reconcile::clean(client, cm, nodes, key).await;
+            let mut result = stale_keys::clean(client, cm, nodes, key).await;
             if let Err(ClusterError::NoConfigMap(_)) = result {
                 tracing::warn!("ConfigMap {cm} is gone; creating it again");
-                result = match owner::ensure(client, cm, owner).await {
+                result = match claim::ensure(client, cm, owner).await {
                     Ok(()) => Ok(Default::default()),
                     Err(e) => Err(e),
                 };
             }
             result
         }
-        None => orphans::clean(client, nodes, key).await,
+        None => stale_records::clean(client, nodes, key).await,
     };
     let what = match claimed {
         Some(c) => format!("ConfigMap {}", c.cm),
@@ -200,7 +205,7 @@ async fn pass(
         }
         Err(e) => {
             settings.health.set_ready(false);
-            tracing::error!("reconciling {what}: {:#}", anyhow::Error::new(e));
+            tracing::error!("reconciling {what}: {}", Chain(&e));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Which records are stale, and their removal.
+//! The observer's clean-up of stale keys of the shared ConfigMap: which are stale, and their removal.
 //!
 //! A key is stale when no Node of that name exists, or when its record's
 //! `nodeUID` is not the Node's current UID (a replaced node that reused the
@@ -8,7 +8,7 @@
 //! record written after the read (by a reused name's new broker) fails the
 //! test and stays.
 
-use super::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
+use crate::cluster::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};

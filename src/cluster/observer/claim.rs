@@ -3,7 +3,7 @@
 //! Deployment garbage-collects the records) and never adopts a same-named
 //! object that someone else made.
 
-use super::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
+use crate::cluster::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

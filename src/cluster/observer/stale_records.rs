@@ -20,10 +20,11 @@
 //! Records are listed as metadata only, in pages, so 10,000 records cost a
 //! few MiB, and requests beyond the list grow with the stale records alone.
 
-use super::broker::{no_resource, record_error, records_untyped};
-use super::reconcile::{node_now, Nodes, Outcome};
-use super::record::{owner_uid, NodeRailRecord};
-use super::{code, ClusterError};
+use super::stale_keys::{node_now, Nodes, Outcome};
+use crate::cluster::record::{
+    no_resource, owner_uid, record_error, records_untyped, NodeRailRecord,
+};
+use crate::cluster::{code, ClusterError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::{Api, Client};
