@@ -38,4 +38,7 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# house rules: formatted, and no clippy warning in any target
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked
