@@ -596,7 +596,10 @@ fn the_test_command_takes_containerd_from_the_machines_own_debian_mirror() {
     // nothing configured: an error naming what was searched
     let (code, out, err) = run(&apt, &os);
     assert_eq!((code, out.as_str()), (Some(1), ""));
-    assert!(err.contains("bookworm") && err.contains("sources.list.d"), "{err}");
+    assert!(
+        err.contains("bookworm") && err.contains("sources.list.d"),
+        "{err}"
+    );
 
     // one-line form with options; the security suite and deb-src do not count
     fs::write(
@@ -616,5 +619,8 @@ fn the_test_command_takes_containerd_from_the_machines_own_debian_mirror() {
          Types: deb\nURIs: http://sec.example/debian-security\nSuites: bookworm-security\nComponents: main\n",
     )
     .unwrap();
-    assert_eq!(run(&apt, &os), (Some(0), "http://local.mirror/debian".into(), String::new()));
+    assert_eq!(
+        run(&apt, &os),
+        (Some(0), "http://local.mirror/debian".into(), String::new())
+    );
 }
