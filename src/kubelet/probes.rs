@@ -77,3 +77,57 @@ async fn readyz<P: Probes>(State(p): State<Arc<P>>) -> impl IntoResponse {
 async fn metrics<P: Probes>(State(p): State<Arc<P>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, OPENMETRICS)], p.metrics())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A plugin's own state: alive, not ready for one reason.
+    struct Stub;
+
+    impl Probes for Stub {
+        fn healthy(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn ready(&self) -> Result<(), Vec<String>> {
+            Err(vec!["a/b is not registered".into(), "x.json: torn".into()])
+        }
+        fn metrics(&self) -> String {
+            "stub_up 1\n# EOF\n".into()
+        }
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn the_plugin_s_state_answers_and_a_taken_address_is_named() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let e = serve(addr, Arc::new(Stub)).await.unwrap_err();
+        assert!(
+            e.to_string().starts_with(&format!("{addr}: cannot listen")),
+            "{e}"
+        );
+        drop(taken);
+
+        let server = serve(addr, Arc::new(Stub)).await.unwrap();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        let ready = get(addr, "/readyz").await;
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(
+            ready.ends_with("a/b is not registered\nx.json: torn\n"),
+            "{ready}"
+        );
+        let metrics = get(addr, "/metrics").await;
+        assert!(metrics.contains(OPENMETRICS) && metrics.ends_with("stub_up 1\n# EOF\n"));
+        server.abort();
+    }
+}

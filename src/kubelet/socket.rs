@@ -62,11 +62,6 @@ pub enum SocketError {
     },
 }
 
-/// True when `path` itself (not a link's target) is a Unix socket.
-pub fn is_socket(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-}
-
 /// Binds `path`, replacing a stale socket left by an earlier run; the file
 /// stays after the listener is dropped, as kubelet's own does. A plugin
 /// serving kubelet uses [`OwnedSocket::bind`] instead.
@@ -187,6 +182,10 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn is_socket(path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+    }
 
     #[tokio::test]
     async fn a_stale_socket_is_replaced_another_file_is_refused_and_drop_removes_only_ours() {
