@@ -15,8 +15,8 @@ mod proc_status;
 mod report;
 
 use kubelet::{within, Kubelet};
+use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
-use nodefabric::plugin::uds;
 use proc_status::rss_kib;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -134,7 +134,7 @@ async fn main() {
     kubelet.registrations(3).await;
     let client = |sock: &'static str| {
         let path = kdir.join(sock);
-        async move { DevicePluginClient::new(uds::connect(&path).await.unwrap()) }
+        async move { DevicePluginClient::new(socket::connect(&path).await.unwrap()) }
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let registered_rss = rss_kib(child.id(), "VmRSS:");

@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod discover;
 pub mod fabric;
 pub mod input;
+pub mod kubelet;
 pub mod labels;
 pub mod logging;
 pub mod mounts;

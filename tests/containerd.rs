@@ -33,8 +33,8 @@ mod cri {
 }
 
 use cri::runtime_service_client::RuntimeServiceClient;
+use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
-use nodefabric::plugin::uds;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -161,7 +161,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     }
 
     async fn client(&self) -> RuntimeServiceClient<Channel> {
-        let channel = uds::connect(&self.dir.join("containerd.sock"))
+        let channel = socket::connect(&self.dir.join("containerd.sock"))
             .await
             .expect("dial containerd");
         RuntimeServiceClient::new(channel)
@@ -209,7 +209,7 @@ async fn allocate(
         .iter()
         .find(|r| r.resource_name == "device.gpustack.ai/rdma")
         .expect("exclusive resource registered");
-    let channel = uds::connect(&kubelet_dir.join(&exclusive.endpoint))
+    let channel = socket::connect(&kubelet_dir.join(&exclusive.endpoint))
         .await
         .unwrap();
     let resp = DevicePluginClient::new(channel)

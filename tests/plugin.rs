@@ -12,8 +12,8 @@ mod kubelet;
 mod mount;
 
 use kubelet::{within, Kubelet};
+use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
-use nodefabric::plugin::uds;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,7 +61,11 @@ impl Plugin {
     }
 
     async fn client(&self, socket: &str) -> DevicePluginClient<Channel> {
-        DevicePluginClient::new(uds::connect(&self.kubelet_dir.join(socket)).await.unwrap())
+        DevicePluginClient::new(
+            socket::connect(&self.kubelet_dir.join(socket))
+                .await
+                .unwrap(),
+        )
     }
 
     /// Opens a ListAndWatch stream on `socket`, as kubelet does after registering.

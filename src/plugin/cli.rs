@@ -5,8 +5,8 @@ use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
 use super::specfile;
+use crate::kubelet::signals;
 use crate::names::{duration_in, parse_namespace};
-use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::Parser;
 use std::net::SocketAddr;
@@ -171,9 +171,10 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(async {
-        let shutdown = shutdown_signal().context("installing the SIGTERM handler")?;
-        server::run(cli.config(), shutdown).await
+    let outcome: anyhow::Result<()> = runtime.block_on(async {
+        let shutdown = signals::shutdown()?;
+        server::run(cli.config(), shutdown).await?;
+        Ok(())
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -182,19 +183,4 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Resolves on the first SIGTERM (kubelet/kubectl stopping the Pod) or
-/// SIGINT. The handlers are installed now, not on first poll, so a signal
-/// that arrives while the plugin is busy registering is not lost.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
 }

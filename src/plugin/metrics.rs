@@ -1,5 +1,5 @@
 //! What the plugin tells an operator: Prometheus metrics and the state
-//! behind `/healthz` and `/readyz` (served by [`super::http`]).
+//! behind `/healthz` and `/readyz` (served by [`crate::kubelet::probes`]).
 //!
 //! Metric names, all prefixed `nodefabric_plugin_`:
 //!
@@ -19,6 +19,7 @@
 use super::catalog::{Catalog, Resource, SHARED_TOKENS};
 use super::service::{HEALTHY, UNHEALTHY};
 use crate::cdi::Family as CdiFamily;
+use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -330,6 +331,20 @@ impl Observed {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock leaves plain data behind: keep going.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Probes for Observed {
+    fn healthy(&self) -> Result<(), String> {
+        Observed::healthy(self)
+    }
+
+    fn ready(&self) -> Result<(), Vec<String>> {
+        Observed::ready(self)
+    }
+
+    fn metrics(&self) -> String {
+        self.encode()
     }
 }
 

@@ -1,16 +1,13 @@
 //! The device plugin: serves exclusive, shared and partitioned RDMA tokens
-//! to kubelet, read from the CDI specs `nodefabric` writes.
+//! to kubelet, read from the CDI specs `nodefabric` writes. What any kubelet
+//! plugin needs (sockets, watch, restarts, probes, signals) is in
+//! [`crate::kubelet`]; this module is the device-plugin service itself.
 pub mod allocate;
 pub mod api;
 pub mod catalog;
 pub mod cli;
-pub mod conn;
-pub mod http;
 pub mod loader;
 pub mod metrics;
-pub mod quiet;
 pub mod server;
 pub mod service;
 pub mod specfile;
-pub mod uds;
-pub mod watcher;

@@ -1,9 +1,12 @@
-//! The long-running part: one gRPC server per resource on its own socket in
-//! the kubelet folder, registration with kubelet, and the loop that keeps
-//! both current.
+//! The long-running part of the device plugin: one gRPC server per
+//! resource on its own socket in the kubelet folder, registration with
+//! kubelet, and the loop that keeps both current. The kubelet-plugin
+//! runtime ([`crate::kubelet`]) does the sockets, the watch, the restart
+//! check and the probes; this file composes them.
 //!
-//! The loop wakes on the file events that matter (see [`super::watcher`]),
-//! on a poll tick as a fallback, and on the registration backoff. Each wake it
+//! The loop wakes on the file events that matter (see
+//! [`crate::kubelet::watch`]), on a poll tick as a fallback, and on the
+//! registration backoff. Each wake it
 //! 1. looks at the CDI specs (stat; a read only if one changed, a parse only
 //!    if its bytes did), so ListAndWatch streams send a new list when a
 //!    token appears, disappears or changes health;
@@ -17,24 +20,22 @@ use super::api::{
 };
 use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
-use super::conn;
-use super::http;
 use super::loader::{Loader, Outcome};
 use super::metrics::Observed;
-use super::quiet::Quiet;
 use super::service::{ResourceService, Shared};
-use super::uds;
-use super::watcher::FolderWatch;
-use anyhow::{Context, Result};
+use crate::kubelet::probes::{self, ProbeError};
+use crate::kubelet::quiet::Quiet;
+use crate::kubelet::restart::{Identity, Retry};
+use crate::kubelet::servers::Servers;
+use crate::kubelet::socket::{self, SocketError};
+use crate::kubelet::watch::{FolderWatch, Wake};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::sync::watch;
+use tonic::service::Routes;
 use tracing::{info, warn};
 
 /// kubelet's registration socket in its device-plugin folder.
@@ -74,26 +75,49 @@ impl Config {
     }
 }
 
-/// The servers of one registration, and how to stop them.
+/// Why the plugin stopped before a shutdown signal; registration trouble is
+/// not among them (the plugin waits for kubelet instead).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The probe server could not listen (names the address).
+    #[error("--metrics-addr {0}")]
+    Probes(ProbeError),
+    /// The look at the CDI specs panicked or was cancelled.
+    #[error("reading the CDI specs in {path}: {cause}")]
+    Look {
+        /// The CDI folder.
+        path: PathBuf,
+        /// What the blocking task's join said.
+        cause: tokio::task::JoinError,
+    },
+}
+
+/// Why one registration attempt failed; logged, then retried with backoff.
+#[derive(Debug, thiserror::Error)]
+enum RegisterError {
+    /// kubelet is not (yet) there.
+    #[error("{0} does not exist")]
+    NoKubelet(PathBuf),
+    /// A socket could not be served, or kubelet's could not be reached.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// kubelet refused or did not answer the registration.
+    #[error("registering {resource} with {kubelet}: {status}")]
+    Refused {
+        /// The full resource name.
+        resource: String,
+        /// kubelet's socket.
+        kubelet: PathBuf,
+        /// kubelet's answer.
+        status: tonic::Status,
+    },
+}
+
+/// The servers of one registration, and the kubelet they registered with.
 struct Generation {
-    stop: watch::Sender<bool>,
-    servers: Vec<JoinHandle<()>>,
-    /// `(device, inode)` of the kubelet.sock we registered with.
-    kubelet: (u64, u64),
+    servers: Servers,
+    kubelet: Identity,
 }
-
-impl Generation {
-    fn shut(self) {
-        let _ = self.stop.send(true);
-        for s in self.servers {
-            s.abort();
-        }
-    }
-}
-
-/// How long a burst of file events (a rename, a kubelet restart) may take
-/// to settle before the loop looks.
-const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// The first and the longest wait between registration attempts while
 /// kubelet does not answer; a new `kubelet.sock` is tried at once.
@@ -116,10 +140,7 @@ fn folder_cause(cause: &str) -> bool {
 const KUBELET_SUBJECT: &str = "kubelet";
 
 /// Runs until `shutdown` resolves, then removes its sockets.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
-    // The channel holds the one current catalog; the loop below fills it.
-    let (catalog_tx, catalog_rx) = watch::channel(Arc::new(Catalog::default()));
-    let (wake_tx, mut wake) = mpsc::channel::<()>(1);
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let mut files: Vec<PathBuf> = crate::cdi::Family::ALL
         .iter()
         .map(|f| config.cdi_dir.join(f.file_name()))
@@ -131,47 +152,95 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             .iter()
             .map(|r| config.kubelet_dir.join(r.socket_name())),
     );
-    let (mut folders, watch_error) =
-        FolderWatch::new(&[&config.cdi_dir, &config.kubelet_dir], files, wake_tx);
+    let (mut folders, watch_error) = FolderWatch::new(
+        &[&config.cdi_dir, &config.kubelet_dir],
+        files,
+        config.poll_interval,
+    );
     if let Some(e) = watch_error {
         warn!(
             "file watching unavailable, polling every {:?}: {e}",
             config.poll_interval
         );
     }
-    let names: Vec<(Resource, String)> = config
-        .resources
-        .iter()
-        .map(|&r| (r, config.resource_name(r)))
-        .collect();
-    let observed = Arc::new(Observed::new(
-        &names.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
-    ));
-    observed.catalog(&catalog_rx.borrow(), &names);
-    let _http = match config.metrics_addr {
-        Some(addr) => Some(http::serve(addr, observed.clone()).await?),
+    let mut plugin = Plugin::new(config);
+    let _probes = match plugin.config.metrics_addr {
+        Some(addr) => Some(
+            probes::serve(addr, plugin.observed.clone())
+                .await
+                .map_err(RunError::Probes)?,
+        ),
         None => None,
     };
-    let mut loader = Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes));
-    let mut quiet = Quiet::default();
-    let mut tick = tokio::time::interval(config.poll_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut current: Option<Generation> = None;
-    let mut backoff = BACKOFF_FIRST;
-    let mut next_attempt = Instant::now();
-    // The kubelet.sock the last failed attempt saw: a different one is tried at once.
-    let mut attempted: Option<Option<(u64, u64)>> = None;
     tokio::pin!(shutdown);
     loop {
         folders.rearm();
-        // Reload first so a fresh registration starts from the current specs.
-        let served = catalog_tx.borrow().clone();
-        let mut l = loader
+        // Look first so a fresh registration starts from the current specs.
+        plugin.look().await?;
+        plugin.keep_registered().await;
+        tokio::select! {
+            _ = &mut shutdown => break,
+            wake = folders.next() => if wake == Wake::Event {
+                folders.settle().await;
+            },
+            _ = plugin.retry.wait(), if plugin.current.is_none() => {}
+        }
+    }
+    info!("shutting down");
+    // Stops the servers and removes their sockets.
+    drop(plugin.current.take());
+    Ok(())
+}
+
+/// What the loop keeps between wakes.
+struct Plugin {
+    config: Config,
+    /// Each served resource with its full name.
+    names: Vec<(Resource, String)>,
+    observed: Arc<Observed>,
+    /// Holds the one current catalog; every service reads it.
+    catalog: watch::Sender<Arc<Catalog>>,
+    /// Taken while a look runs off the runtime thread, put back after.
+    loader: Option<Loader>,
+    quiet: Quiet,
+    current: Option<Generation>,
+    retry: Retry,
+}
+
+impl Plugin {
+    fn new(config: Config) -> Plugin {
+        let names: Vec<(Resource, String)> = config
+            .resources
+            .iter()
+            .map(|&r| (r, config.resource_name(r)))
+            .collect();
+        let observed = Arc::new(Observed::new(
+            &names.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
+        ));
+        let catalog = watch::Sender::new(Arc::new(Catalog::default()));
+        observed.catalog(&catalog.borrow(), &names);
+        Plugin {
+            loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
+            config,
+            names,
+            observed,
+            catalog,
+            quiet: Quiet::default(),
+            current: None,
+            retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+        }
+    }
+
+    /// Reads what changed in the CDI folder and publishes a changed catalog.
+    async fn look(&mut self) -> Result<(), RunError> {
+        let served = self.catalog.borrow().clone();
+        let mut l = self
+            .loader
             .take()
             .expect("the loader is put back after every look");
         // Off the runtime thread: file I/O must never stall the gRPC servers.
-        observed.loading(true);
-        let kubelet_dir = config.kubelet_dir.clone();
+        self.observed.loading(true);
+        let kubelet_dir = self.config.kubelet_dir.clone();
         let (l, fresh, outcome, kubelet_stale) = tokio::task::spawn_blocking(move || {
             let (c, o) = l.load(&served);
             // The kubelet folder too: a new kubelet.sock in the host's new
@@ -181,13 +250,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             (l, c, o, stale)
         })
         .await
-        .context("reading the CDI specs")?;
-        loader = Some(l);
-        observed.loading(false);
-        report(&mut quiet, &config, &outcome);
+        .map_err(|cause| RunError::Look {
+            path: self.config.cdi_dir.clone(),
+            cause,
+        })?;
+        self.loader = Some(l);
+        self.observed.loading(false);
+        report(&mut self.quiet, &self.config, &outcome);
         // A folder deleted under the mount never comes back by itself:
         // liveness fails, and the kubelet's restart mounts the new one.
-        observed.stale_folder(
+        self.observed.stale_folder(
             outcome
                 .unreadable
                 .iter()
@@ -195,7 +267,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .map(|(_, _, message)| message.clone())
                 .or(kubelet_stale),
         );
-        observed.look(
+        self.observed.look(
             &outcome.reloaded,
             &outcome.new_errors,
             outcome
@@ -204,66 +276,50 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 .map(|(f, _, m)| (*f, m.clone()))
                 .collect(),
         );
-        if fresh != **catalog_tx.borrow() {
+        if fresh != **self.catalog.borrow() {
             info!(
                 whole = fresh.endpoints(crate::cdi::Family::Whole).len(),
                 partitioned = fresh.endpoints(crate::cdi::Family::Partitioned).len(),
                 "CDI specs read"
             );
-            observed.catalog(&fresh, &names);
-            catalog_tx.send_replace(Arc::new(fresh));
+            self.observed.catalog(&fresh, &self.names);
+            self.catalog.send_replace(Arc::new(fresh));
         }
-        if let Some(why) = needs_registration(&config, current.as_ref()) {
-            let kubelet = kubelet_identity(&config.kubelet_dir);
-            if Instant::now() >= next_attempt || attempted != Some(kubelet) {
-                if let Some(old) = current.take() {
-                    info!("re-registering: {why}");
-                    old.shut();
-                }
-                observed.unregistered();
-                match start(&config, &catalog_rx, &observed).await {
-                    Ok(g) => {
-                        current = Some(g);
-                        backoff = BACKOFF_FIRST;
-                        attempted = None;
-                        quiet.clear(KUBELET_SUBJECT, || "kubelet answered: registered".into());
-                    }
-                    Err(e) => {
-                        observed.unregistered();
-                        quiet.warn(
-                            KUBELET_SUBJECT,
-                            format!("waiting for kubelet, retrying with backoff: {e:#}"),
-                        );
-                        attempted = Some(kubelet);
-                        next_attempt = Instant::now() + backoff;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
-                }
+        Ok(())
+    }
+
+    /// Serves fresh sockets and registers again when kubelet needs it and
+    /// an attempt is due; a failure is logged once per cause and retried.
+    async fn keep_registered(&mut self) {
+        let Some(why) = needs_registration(&self.config, self.current.as_ref()) else {
+            return;
+        };
+        let kubelet = Identity::of(&self.config.kubelet_dir.join(KUBELET_SOCKET));
+        if !self.retry.due(kubelet) {
+            return;
+        }
+        if let Some(old) = self.current.take() {
+            info!("re-registering: {why}");
+            drop(old);
+        }
+        self.observed.unregistered();
+        match start(&self.config, &self.catalog, &self.observed).await {
+            Ok(g) => {
+                self.current = Some(g);
+                self.retry.succeeded();
+                self.quiet
+                    .clear(KUBELET_SUBJECT, || "kubelet answered: registered".into());
             }
-        }
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = tick.tick() => {}
-            _ = tokio::time::sleep_until(next_attempt), if current.is_none() => {}
-            Some(()) = wake.recv() => {
-                tokio::time::sleep(DEBOUNCE).await;
-                while wake.try_recv().is_ok() {}
+            Err(e) => {
+                self.observed.unregistered();
+                self.quiet.warn(
+                    KUBELET_SUBJECT,
+                    format!("waiting for kubelet, retrying with backoff: {e}"),
+                );
+                self.retry.failed(kubelet);
             }
         }
     }
-    info!("shutting down");
-    if let Some(g) = current.take() {
-        g.shut();
-    }
-    for r in &config.resources {
-        let path = config.kubelet_dir.join(r.socket_name());
-        if let Err(e) = std::fs::remove_file(&path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                warn!("removing {}: {e}", path.display());
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Logs each unreadable spec once per cause, and once when it reads again.
@@ -316,13 +372,10 @@ fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<S
     let Some(g) = current else {
         return Some("not registered".into());
     };
-    for r in &config.resources {
-        let path = config.kubelet_dir.join(r.socket_name());
-        if !is_socket(&path) {
-            return Some(format!("{} is gone", path.display()));
-        }
+    if let Some(path) = g.servers.missing() {
+        return Some(format!("{} is gone", path.display()));
     }
-    match kubelet_identity(&config.kubelet_dir) {
+    match Identity::of(&config.kubelet_dir.join(KUBELET_SOCKET)) {
         Some(id) if id != g.kubelet => Some(format!("{KUBELET_SOCKET} was recreated")),
         // No kubelet.sock: kubelet is restarting; keep serving until it returns.
         _ => None,
@@ -332,48 +385,41 @@ fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<S
 /// Serves every resource on a fresh socket, then registers each with kubelet.
 async fn start(
     config: &Config,
-    catalog: &watch::Receiver<Arc<Catalog>>,
+    catalog: &watch::Sender<Arc<Catalog>>,
     observed: &Arc<Observed>,
-) -> Result<Generation> {
+) -> Result<Generation, RegisterError> {
     let kubelet_sock = config.kubelet_dir.join(KUBELET_SOCKET);
-    let kubelet = kubelet_identity(&config.kubelet_dir)
-        .with_context(|| format!("{} does not exist", kubelet_sock.display()))?;
-    let (stop, stop_rx) = watch::channel(false);
-    let mut servers = Vec::new();
+    let kubelet = Identity::of(&kubelet_sock)
+        .ok_or_else(|| RegisterError::NoKubelet(kubelet_sock.clone()))?;
+    let mut servers = Servers::default();
     // Serve before registering: kubelet calls GetDevicePluginOptions while Register is in flight.
     for &r in &config.resources {
-        let listener = uds::bind(&config.kubelet_dir.join(r.socket_name()))?;
         let shared = Shared {
-            catalog: catalog.clone(),
+            catalog: catalog.subscribe(),
             delivery: config.delivery,
-            stop: stop_rx.clone(),
+            stop: servers.stopping(),
             observed: observed.clone(),
             drain_timeout: config.drain_timeout,
         };
         let svc = ResourceService::new(r, config.resource_name(r), shared);
-        let server = tonic::transport::Server::builder()
-            .add_service(DevicePluginServer::new(svc))
-            .serve_with_incoming(conn::incoming(listener));
-        servers.push(tokio::spawn(async move {
-            if let Err(e) = server.await {
-                warn!("{} server stopped: {e}", r.suffix());
-            }
-        }));
+        servers.serve(
+            &config.kubelet_dir.join(r.socket_name()),
+            None,
+            r.suffix(),
+            Routes::new(DevicePluginServer::new(svc)),
+        )?;
     }
-    let generation = Generation {
-        stop,
-        servers,
-        kubelet,
-    };
-    if let Err(e) = register_all(config, &kubelet_sock, observed).await {
-        generation.shut();
-        return Err(e);
-    }
-    Ok(generation)
+    // A failure drops `servers`, which stops them and removes their sockets.
+    register_all(config, &kubelet_sock, observed).await?;
+    Ok(Generation { servers, kubelet })
 }
 
-async fn register_all(config: &Config, kubelet_sock: &Path, observed: &Observed) -> Result<()> {
-    let mut client = RegistrationClient::new(uds::connect(kubelet_sock).await?);
+async fn register_all(
+    config: &Config,
+    kubelet_sock: &Path,
+    observed: &Observed,
+) -> Result<(), RegisterError> {
+    let mut client = RegistrationClient::new(socket::connect(kubelet_sock).await?);
     for &r in &config.resources {
         let request = RegisterRequest {
             version: API_VERSION.into(),
@@ -384,13 +430,14 @@ async fn register_all(config: &Config, kubelet_sock: &Path, observed: &Observed)
                 get_preferred_allocation_available: true,
             }),
         };
-        client.register(request).await.with_context(|| {
-            format!(
-                "registering {} with {}",
-                config.resource_name(r),
-                kubelet_sock.display()
-            )
-        })?;
+        client
+            .register(request)
+            .await
+            .map_err(|status| RegisterError::Refused {
+                resource: config.resource_name(r),
+                kubelet: kubelet_sock.into(),
+                status,
+            })?;
         info!(
             resource = config.resource_name(r),
             socket = r.socket_name(),
@@ -399,13 +446,4 @@ async fn register_all(config: &Config, kubelet_sock: &Path, observed: &Observed)
         observed.registered(&config.resource_name(r));
     }
     Ok(())
-}
-
-fn is_socket(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-}
-
-fn kubelet_identity(kubelet_dir: &Path) -> Option<(u64, u64)> {
-    let m = std::fs::symlink_metadata(kubelet_dir.join(KUBELET_SOCKET)).ok()?;
-    m.file_type().is_socket().then(|| (m.dev(), m.ino()))
 }

@@ -3,8 +3,8 @@
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
 use super::catalog::{Catalog, Endpoint, Resource};
-use super::conn::Hangup;
 use super::metrics::{Observed, ResourceLabel};
+use crate::kubelet::conn::Hangup;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

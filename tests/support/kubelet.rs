@@ -2,11 +2,11 @@
 //! `kubelet.sock` and hands each registration to the test or benchmark.
 #![allow(dead_code)]
 
+use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{
     self,
     registration_server::{Registration, RegistrationServer},
 };
-use nodefabric::plugin::uds;
 use std::path::Path;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -48,7 +48,7 @@ impl Kubelet {
     /// Serves on `dir/kubelet.sock` (replacing a stale one).
     pub fn start(dir: &Path) -> Kubelet {
         let (tx, registered) = mpsc::unbounded_channel();
-        let listener = uds::bind(&dir.join("kubelet.sock")).unwrap();
+        let listener = socket::bind(&dir.join("kubelet.sock")).unwrap();
         let server = tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(StandIn(tx)))

@@ -1,11 +1,12 @@
-//! Wakes the plugin's loop when, and only when, something it serves from
-//! may have changed: a spec file or `kubelet.sock` created, removed, renamed
-//! in or out, or closed after writing, or one of its own sockets removed.
+//! Wakes a plugin's loop when, and only when, something it serves from may
+//! have changed: one of the files it names (a spec, `kubelet.sock`, its own
+//! sockets) created, removed, renamed in or out, or closed after writing;
+//! and on a poll tick, the fallback where inotify misses or is unavailable.
 //!
-//! inotify also reports opens, reads and writes in progress; the plugin's
-//! own reads of the specs are among them, so waking on every event would
-//! make each reload cause the next. Those are filtered out here, on
-//! notify's thread, before anything is sent.
+//! inotify also reports opens, reads and writes in progress; a plugin's own
+//! reads of its inputs are among them, so waking on every event would make
+//! each reload cause the next. Those are filtered out here, on notify's
+//! thread, before anything is sent.
 //!
 //! Each folder's parent is watched too, and a folder's watch is re-armed
 //! when the folder is replaced (`rm -rf` then `mkdir`), which inotify does
@@ -18,8 +19,23 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::{Interval, MissedTickBehavior};
 use tracing::debug;
+
+/// How long a burst of file events (a rename, a kubelet restart) may take
+/// to settle before the loop looks.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// What ended a wait in [`FolderWatch::next`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A relevant file event; [`FolderWatch::settle`] lets its burst end.
+    Event,
+    /// The poll tick (the first one at once).
+    Tick,
+}
 
 /// A folder to keep watched, with the identity of the one watched now.
 #[derive(Debug)]
@@ -29,10 +45,14 @@ struct Armed {
     identity: Option<(u64, u64)>,
 }
 
-/// The inotify watch of the CDI and kubelet folders (and their parents).
+/// The inotify watch of a plugin's folders (and their parents), with the
+/// poll tick that backs it up.
 pub struct FolderWatch {
     watcher: Option<notify::RecommendedWatcher>,
     folders: Vec<Armed>,
+    /// One message per relevant event burst (capacity 1: a burst coalesces).
+    wake: mpsc::Receiver<()>,
+    tick: Interval,
     /// Set by the event handler when a watched folder itself was created,
     /// removed or renamed. The identity check alone is not enough: a folder
     /// recreated at once often gets the inode number of the one deleted.
@@ -41,14 +61,16 @@ pub struct FolderWatch {
 
 impl FolderWatch {
     /// Watches `folders` for changes to the file names in `files` (full
-    /// paths) and to the folders themselves; each relevant event sends one
-    /// wake on `wake` (capacity 1, so a burst coalesces into one).
-    /// Where inotify is unavailable the loop's poll tick does the work.
+    /// paths) and to the folders themselves, and ticks every `poll`; where
+    /// inotify is unavailable (the error returned) the tick does the work.
     pub fn new(
         folders: &[&Path],
         files: Vec<PathBuf>,
-        wake: mpsc::Sender<()>,
+        poll: Duration,
     ) -> (FolderWatch, Option<notify::Error>) {
+        let (wake, wake_rx) = mpsc::channel::<()>(1);
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut relevant: BTreeSet<PathBuf> = files.into_iter().collect();
         let watched: BTreeSet<PathBuf> = folders.iter().map(|f| f.to_path_buf()).collect();
         relevant.extend(watched.iter().cloned());
@@ -93,6 +115,8 @@ impl FolderWatch {
         let mut watch = FolderWatch {
             watcher,
             folders: all,
+            wake: wake_rx,
+            tick,
             replaced,
         };
         watch.rearm();
@@ -131,6 +155,24 @@ impl FolderWatch {
     }
 }
 
+impl FolderWatch {
+    /// Waits for a relevant file event or the poll tick. Cancel-safe, so it
+    /// can race a shutdown or a retry timer in `select!`.
+    pub async fn next(&mut self) -> Wake {
+        tokio::select! {
+            _ = self.tick.tick() => Wake::Tick,
+            Some(()) = self.wake.recv() => Wake::Event,
+        }
+    }
+
+    /// Lets a burst of events end, then forgets the wakes it left, so one
+    /// burst costs one look.
+    pub async fn settle(&mut self) {
+        tokio::time::sleep(DEBOUNCE).await;
+        while self.wake.try_recv().is_ok() {}
+    }
+}
+
 /// True for the events that can change a file's content or presence.
 fn matters(kind: &EventKind) -> bool {
     match kind {
@@ -147,12 +189,21 @@ fn matters(kind: &EventKind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    async fn woke(rx: &mut mpsc::Receiver<()>) -> bool {
-        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+    /// A poll period no test reaches, so every wake is a file event.
+    const NEVER: Duration = Duration::from_secs(3600);
+
+    async fn watch(folders: &[&Path], files: Vec<PathBuf>) -> FolderWatch {
+        let (mut w, err) = FolderWatch::new(folders, files, NEVER);
+        assert!(err.is_none());
+        assert_eq!(w.next().await, Wake::Tick, "the first tick comes at once");
+        w
+    }
+
+    async fn woke(w: &mut FolderWatch) -> bool {
+        tokio::time::timeout(Duration::from_millis(500), w.next())
             .await
-            .is_ok()
+            .is_ok_and(|wake| wake == Wake::Event)
     }
 
     #[tokio::test]
@@ -162,20 +213,18 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         let spec = dir.join("spec.json");
         std::fs::write(&spec, "{}").unwrap();
-        let (tx, mut rx) = mpsc::channel(1);
-        let (_w, err) = FolderWatch::new(&[&dir], vec![spec.clone()], tx);
-        assert!(err.is_none());
+        let mut w = watch(&[&dir], vec![spec.clone()]).await;
         for _ in 0..20 {
             std::fs::read(&spec).unwrap();
         }
         std::fs::write(dir.join("unrelated.json"), "{}").unwrap();
         assert!(
-            !woke(&mut rx).await,
+            !woke(&mut w).await,
             "our own reads and other files must not wake the loop"
         );
         std::fs::write(dir.join(".tmp"), "[]").unwrap();
         std::fs::rename(dir.join(".tmp"), &spec).unwrap();
-        assert!(woke(&mut rx).await);
+        assert!(woke(&mut w).await);
     }
 
     #[tokio::test]
@@ -184,16 +233,15 @@ mod tests {
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
         let spec = dir.join("spec.json");
-        let (tx, mut rx) = mpsc::channel(1);
-        let (mut w, _) = FolderWatch::new(&[&dir], vec![spec.clone()], tx);
+        let mut w = watch(&[&dir], vec![spec.clone()]).await;
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(woke(&mut rx).await, "the parent's watch sees the folder go");
+        assert!(woke(&mut w).await, "the parent's watch sees the folder go");
         std::fs::create_dir(&dir).unwrap();
-        assert!(woke(&mut rx).await, "and come back");
+        assert!(woke(&mut w).await, "and come back");
         w.rearm();
         std::fs::write(&spec, "{}").unwrap();
         assert!(
-            woke(&mut rx).await,
+            woke(&mut w).await,
             "a spec written into the new folder is seen"
         );
     }

@@ -1,0 +1,126 @@
+//! Noticing that kubelet restarted, and pacing registration attempts while
+//! it does not answer.
+//!
+//! A restarted kubelet creates its socket anew (a new inode) and removes the
+//! plugins' sockets, so a plugin compares the socket's identity with the one
+//! it registered with, and checks that its own sockets are still there (see
+//! [`super::socket::OwnedSocket::is_present`]). A socket that is missing
+//! means kubelet is on its way back: there is nothing to register with yet.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Which socket file stands at a path: its `(device, inode)`, so a socket
+/// recreated at the same path is told from the one seen before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    dev: u64,
+    ino: u64,
+}
+
+impl Identity {
+    /// The identity of the socket at `path`, or `None` when no socket is
+    /// there (kubelet is restarting or not started).
+    pub fn of(path: &Path) -> Option<Identity> {
+        let m = std::fs::symlink_metadata(path).ok()?;
+        m.file_type().is_socket().then(|| Identity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// When to try registering again: at once the first time and whenever
+/// kubelet's socket is a different one than at the last failure; otherwise
+/// after a wait that doubles from `first` up to `max` while kubelet does
+/// not answer.
+#[derive(Debug)]
+pub struct Retry {
+    first: Duration,
+    max: Duration,
+    backoff: Duration,
+    next_attempt: Instant,
+    /// kubelet's socket at the last failed attempt, `None` after a success.
+    failed_with: Option<Option<Identity>>,
+}
+
+impl Retry {
+    /// A retry whose waits double from `first` up to `max`.
+    pub fn new(first: Duration, max: Duration) -> Retry {
+        Retry {
+            first,
+            max,
+            backoff: first,
+            next_attempt: Instant::now(),
+            failed_with: None,
+        }
+    }
+
+    /// True when an attempt with kubelet's socket now being `kubelet` is due.
+    pub fn due(&self, kubelet: Option<Identity>) -> bool {
+        Instant::now() >= self.next_attempt || self.failed_with != Some(kubelet)
+    }
+
+    /// Records a successful attempt: the next failure waits `first` again.
+    pub fn succeeded(&mut self) {
+        self.backoff = self.first;
+        self.failed_with = None;
+    }
+
+    /// Records an attempt that failed while kubelet's socket was `kubelet`.
+    pub fn failed(&mut self, kubelet: Option<Identity>) {
+        self.failed_with = Some(kubelet);
+        self.next_attempt = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(self.max);
+    }
+
+    /// Resolves when the backoff after the last failure has passed.
+    pub async fn wait(&self) {
+        tokio::time::sleep_until(self.next_attempt).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_recreated_socket_has_a_new_identity_and_is_tried_at_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("kubelet.sock");
+        assert_eq!(Identity::of(&path), None);
+        let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let before = Identity::of(&path).unwrap();
+        // Held open so the new socket cannot reuse the old inode.
+        std::fs::remove_file(&path).unwrap();
+        let _second = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let after = Identity::of(&path).unwrap();
+        assert_ne!(before, after);
+        drop(first);
+
+        let mut retry = Retry::new(Duration::from_secs(60), Duration::from_secs(120));
+        assert!(retry.due(Some(before)), "the first attempt is due at once");
+        retry.failed(Some(before));
+        assert!(
+            !retry.due(Some(before)),
+            "the same kubelet waits the backoff"
+        );
+        assert!(
+            retry.due(Some(after)),
+            "a new kubelet.sock is tried at once"
+        );
+        assert!(retry.due(None), "and so is its disappearance");
+        retry.succeeded();
+        assert!(retry.due(Some(after)));
+    }
+
+    #[test]
+    fn a_regular_file_is_no_socket() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("kubelet.sock");
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(Identity::of(&path), None);
+    }
+}

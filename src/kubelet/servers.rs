@@ -1,0 +1,80 @@
+//! The gRPC servers of one registration with kubelet, each on its own socket
+//! in a kubelet folder, stopped and removed together when kubelet restarts
+//! or the plugin stops.
+
+use super::conn;
+use super::socket::{OwnedSocket, SocketError};
+use std::path::Path;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::service::Routes;
+use tracing::warn;
+
+/// Servers started together and stopped together; dropping them stops them
+/// and removes their sockets.
+#[derive(Debug)]
+pub struct Servers {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    sockets: Vec<OwnedSocket>,
+}
+
+impl Default for Servers {
+    fn default() -> Servers {
+        Servers {
+            stop: watch::channel(false).0,
+            tasks: Vec::new(),
+            sockets: Vec::new(),
+        }
+    }
+}
+
+impl Servers {
+    /// Turns `true` when these servers stop: a service ends its long-lived
+    /// streams on it, so a client of the old sockets sees its stream end.
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Serves `routes` on a fresh socket at `path` (see
+    /// [`OwnedSocket::bind`] for `mode`); every connection carries a
+    /// [`conn::Hangup`]. `name` names the server in the log if it fails.
+    pub fn serve(
+        &mut self,
+        path: &Path,
+        mode: Option<u32>,
+        name: &str,
+        routes: Routes,
+    ) -> Result<(), SocketError> {
+        let (socket, listener) = OwnedSocket::bind(path, mode)?;
+        let server = tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming(conn::incoming(listener));
+        let name = name.to_string();
+        self.tasks.push(tokio::spawn(async move {
+            if let Err(e) = server.await {
+                warn!("{name} server stopped: {e}");
+            }
+        }));
+        self.sockets.push(socket);
+        Ok(())
+    }
+
+    /// The first socket no longer in place (kubelet removed it), if any.
+    pub fn missing(&self) -> Option<&Path> {
+        self.sockets
+            .iter()
+            .find(|s| !s.is_present())
+            .map(|s| s.path())
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+        // The sockets go with `self.sockets`, after the servers are told.
+    }
+}
