@@ -2,11 +2,7 @@
 //! tool's exact format, lldpctl JSON shapes, and selection end to end through
 //! the real binary on a fixture tree whose NICs are named like rail ports.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/snapshots.rs"]
-mod snapshots;
-
+use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
 use nodefabric::rails::{lldp, nvsmi, topo};

@@ -5,14 +5,7 @@
 //! no label, no CDI device (and so no kubelet token, which the device plugin
 //! derives one-to-one from the CDI devices), and preflight names the kept fact.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-#[allow(dead_code)]
-mod host;
-#[path = "support/mount.rs"]
-mod mount;
-
+use crate::support::{fixtures, host, mount};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -19,12 +19,7 @@
 //! (scripts/test.sh installs them). Without them the test is skipped with a
 //! message, except under CI, where it fails.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-mod host;
-#[path = "support/kubelet.rs"]
-mod kubelet;
+use crate::support::{fixtures, host, kubelet};
 
 /// The CRI runtime API subset in `proto/cri_runtime_v1.proto` (generated code).
 #[allow(clippy::all)]

@@ -5,15 +5,8 @@
 //! observer restart, ownership conflicts, Node-name reuse; plus the faults
 //! a broker must survive without changing the ConfigMap.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[path = "support/apiserver_rbac.rs"]
-mod apiserver_rbac;
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[allow(dead_code)] // only runnable() is used here
-#[path = "support/host.rs"]
-mod host;
+#[path = "../support/mod.rs"]
+mod support;
 
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
@@ -21,6 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::{apiserver, fixtures, host};
 
 const NS: &str = "nodefabric";
 // The names deploy/ uses: the RBAC there grants exactly these.

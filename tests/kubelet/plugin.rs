@@ -4,13 +4,7 @@
 //! the test then calls the plugin over its Unix sockets. The CDI specs are
 //! written by the real `nodefabric publish` on fixture trees.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/kubelet.rs"]
-mod kubelet;
-#[path = "support/mount.rs"]
-mod mount;
-
+use crate::support::{fixtures, kubelet, mount};
 use kubelet::{within, Kubelet};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use nodefabric::plugin::uds;
