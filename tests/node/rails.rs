@@ -2,6 +2,7 @@
 //! tool's exact format, lldpctl JSON shapes, and selection end to end through
 //! the real binary on a fixture tree whose NICs are named like rail ports.
 
+use crate::support::os::make_fifo;
 use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
@@ -512,11 +513,7 @@ fn a_fifo_nobody_writes_to_fails_the_pass_within_the_tool_timeout_instead_of_han
     let n = Node::new();
     let lldp_file = n.lldp(&ALL_RAIL_PORTS);
     let fifo = n.root.parent().unwrap().join("stalled.fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    make_fifo(&fifo);
     let (fifo_s, lldp_s) = (fifo.to_str().unwrap(), lldp_file.to_str().unwrap());
     // As the values file, and as the saved LLDP table: each given up on
     // after --tool-timeout, naming the path, where the open used to block.
@@ -1070,8 +1067,7 @@ fn topo_file_missing_huge_binary_or_a_folder_is_refused_naming_it() {
 fn topo_file_from_a_slow_pipe_reads_the_same_as_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("topo.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
+    make_fifo(&fifo);
     let dump = text("topo/dgx-spark.txt");
     let writer = {
         let (fifo, dump) = (fifo.clone(), dump.clone());

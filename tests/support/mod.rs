@@ -12,4 +12,7 @@ pub mod fixtures;
 pub mod host;
 pub mod kubelet;
 pub mod mount;
+pub mod os;
+pub mod plugin;
+pub mod published;
 pub mod snapshots;
