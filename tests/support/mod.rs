@@ -8,6 +8,7 @@
 pub mod apiserver;
 pub mod apiserver_rbac;
 pub mod archive;
+pub mod cluster;
 pub mod fixtures;
 pub mod host;
 pub mod kubelet;
