@@ -610,7 +610,7 @@ fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
 }
 
 // ---- nodeUID ------------------------------------------------------------------
-// Read from the Node object through the cluster client: tests/cluster.rs.
+// Read from the Node object through the cluster client: tests/cluster/.
 
 #[test]
 fn node_uid_given_on_the_command_line_is_recorded_without_a_cluster() {
