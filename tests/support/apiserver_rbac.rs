@@ -3,7 +3,7 @@
 //! RoleBinding, in that namespace) or ClusterRole (through a
 //! ClusterRoleBinding, anywhere; through a RoleBinding, in its namespace)
 //! bound to it allows. Used by the in-test API server, so the binaries run
-//! under exactly the permissions deploy/ grants, and by tests/deploy.rs.
+//! under exactly the permissions deploy/ grants, and by tests/node/deploy.rs.
 
 #![allow(dead_code)] // each test binary uses a different part
 

@@ -3,9 +3,7 @@
 //! holds as many GPU sections as it announces, so a dump cut short can never
 //! read as "these GPUs have no fabric".
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-
+use crate::support::fixtures;
 use nodefabric::fabric::nvidia::parse_any;
 use proptest::prelude::*;
 
@@ -41,7 +39,15 @@ fn announced(answer: &str) -> Option<usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // Failures are kept beside this file: proptest's default looks for the
+    // folder above the nearest main.rs (tests/proptest-regressions/).
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(
+            prop::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..ProptestConfig::default()
+    })]
 
     /// Cutting either form anywhere is refused or (when the cut only lost
     /// trailing text) read whole: never a partial set of GPUs.

@@ -1,9 +1,7 @@
 //! The NFD example rule matches only keys and values `nodefabric` publishes:
 //! run on the 8-GPU fixture, the rule's every expression is satisfied.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-
+use crate::support::fixtures;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;

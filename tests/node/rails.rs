@@ -2,11 +2,8 @@
 //! tool's exact format, lldpctl JSON shapes, and selection end to end through
 //! the real binary on a fixture tree whose NICs are named like rail ports.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/snapshots.rs"]
-mod snapshots;
-
+use crate::support::os::make_fifo;
+use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
 use nodefabric::rails::{lldp, nvsmi, topo};
@@ -516,11 +513,7 @@ fn a_fifo_nobody_writes_to_fails_the_pass_within_the_tool_timeout_instead_of_han
     let n = Node::new();
     let lldp_file = n.lldp(&ALL_RAIL_PORTS);
     let fifo = n.root.parent().unwrap().join("stalled.fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    make_fifo(&fifo);
     let (fifo_s, lldp_s) = (fifo.to_str().unwrap(), lldp_file.to_str().unwrap());
     // As the values file, and as the saved LLDP table: each given up on
     // after --tool-timeout, naming the path, where the open used to block.
@@ -617,7 +610,7 @@ fn publish_writes_the_rail_file_and_keeps_it_when_a_pass_fails() {
 }
 
 // ---- nodeUID ------------------------------------------------------------------
-// Read from the Node object through the cluster client: tests/cluster.rs.
+// Read from the Node object through the cluster client: tests/cluster/.
 
 #[test]
 fn node_uid_given_on_the_command_line_is_recorded_without_a_cluster() {
@@ -1074,8 +1067,7 @@ fn topo_file_missing_huge_binary_or_a_folder_is_refused_naming_it() {
 fn topo_file_from_a_slow_pipe_reads_the_same_as_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("topo.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
+    make_fifo(&fifo);
     let dump = text("topo/dgx-spark.txt");
     let writer = {
         let (fifo, dump) = (fifo.clone(), dump.clone());

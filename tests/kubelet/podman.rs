@@ -13,11 +13,7 @@
 //! where it fails. The host's /etc/cdi and /var/run/cdi are never touched: podman
 //! runs in a private mount namespace with our folder bound over /etc/cdi.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-mod host;
-
+use crate::support::{fixtures, host};
 use std::fs;
 use std::path::Path;
 use std::process::Command;

@@ -2,11 +2,7 @@
 //! official CDI JSON schema (tests/data/cdi-schema, copied from the CDI
 //! project's schema/), snapshotted, and published atomically.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/snapshots.rs"]
-mod snapshots;
-
+use crate::support::{fixtures, snapshots};
 use serde_json::Value;
 use std::fs;
 use std::path::Path;

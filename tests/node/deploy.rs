@@ -2,9 +2,7 @@
 //! API does not know, and every container names only flags its binary
 //! accepts (parsed with the binaries' own clap parsers), on paths it mounts.
 
-#[path = "support/apiserver_rbac.rs"]
-mod apiserver_rbac;
-
+use crate::support::apiserver_rbac;
 use apiserver_rbac::{Attributes, Rbac};
 use clap::Parser;
 use k8s_openapi::api::admissionregistration::v1::{

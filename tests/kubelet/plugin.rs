@@ -4,159 +4,20 @@
 //! the test then calls the plugin over its Unix sockets. The CDI specs are
 //! written by the real `nodefabric publish` on fixture trees.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/kubelet.rs"]
-mod kubelet;
-#[path = "support/mount.rs"]
-mod mount;
-
-use kubelet::{within, Kubelet};
-use nodefabric::kubelet::socket;
+use crate::support::kubelet::{self, within, Kubelet};
+use crate::support::os::{free_addr, make_fifo};
+use crate::support::plugin::Plugin;
+use crate::support::published::{publish, Dirs};
+use crate::support::{fixtures, mount};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
-use tonic::transport::Channel;
 use tonic::Streaming;
-
-/// The plugin binary; killed on drop if a test did not stop it. Its stderr
-/// is collected line by line as it runs, so a test can see what it logs
-/// while idle.
-struct Plugin {
-    child: Child,
-    kubelet_dir: PathBuf,
-    log: Arc<Mutex<Vec<String>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Plugin {
-    fn start(kubelet_dir: &Path, cdi_dir: &Path, extra: &[&str]) -> Plugin {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
-            .arg("--kubelet-dir")
-            .arg(kubelet_dir)
-            .arg("--cdi-dir")
-            .arg(cdi_dir)
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Plugin {
-            child,
-            kubelet_dir: kubelet_dir.to_path_buf(),
-            log,
-            reader: Some(reader),
-        }
-    }
-
-    async fn client(&self, socket: &str) -> DevicePluginClient<Channel> {
-        DevicePluginClient::new(
-            socket::connect(&self.kubelet_dir.join(socket))
-                .await
-                .unwrap(),
-        )
-    }
-
-    /// Opens a ListAndWatch stream on `socket`, as kubelet does after registering.
-    async fn watch(&self, socket: &str) -> Streaming<api::ListAndWatchResponse> {
-        self.client(socket)
-            .await
-            .list_and_watch(api::Empty {})
-            .await
-            .unwrap()
-            .into_inner()
-    }
-
-    /// Every line logged so far.
-    fn log_lines(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// A field of /proc/PID/status in KiB (`VmRSS:`, `VmHWM:`).
-    fn memory_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-
-    /// SIGTERM, then the exit status and everything logged.
-    fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        self.reader.take().unwrap().join().unwrap();
-        (status, self.log_lines().join("\n"))
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 const EXCLUSIVE: &str = "nodefabric-rdma.sock";
 const SHARED: &str = "nodefabric-rdma-shared.sock";
 const PARTITIONED: &str = "nodefabric-rdma-partitioned.sock";
-
-/// `nodefabric publish` of a fixture tree's CDI specs into `cdi_dir`.
-fn publish(root: &Path, cdi_dir: &Path) {
-    let state = root.parent().unwrap().join(format!(
-        "{}-state",
-        root.file_name().unwrap().to_str().unwrap()
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["publish", "--sysfs-root"])
-        .arg(root)
-        .arg("--features-dir")
-        .arg(state.join("f"))
-        .arg("--state-dir")
-        .arg(state.join("s"))
-        .arg("--cdi-dir")
-        .arg(cdi_dir)
-        .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A temp folder with `kubelet/`, `cdi/` and fixture trees beside them.
-struct Dirs {
-    tmp: tempfile::TempDir,
-}
-
-impl Dirs {
-    fn new() -> Dirs {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir(tmp.path().join("kubelet")).unwrap();
-        std::fs::create_dir(tmp.path().join("cdi")).unwrap();
-        Dirs { tmp }
-    }
-    fn kubelet(&self) -> PathBuf {
-        self.tmp.path().join("kubelet")
-    }
-    fn cdi(&self) -> PathBuf {
-        self.tmp.path().join("cdi")
-    }
-    fn tree(&self, name: &str) -> PathBuf {
-        self.tmp.path().join(name)
-    }
-}
 
 /// (ID, health, NUMA nodes) of a device list.
 fn summary(devices: &[api::Device]) -> Vec<(String, String, Vec<i64>)> {
@@ -193,11 +54,8 @@ fn ids(v: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn registers_all_three_resources_and_lists_tokens_with_numa_hints() {
-    let d = Dirs::new();
-    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
-    publish(&d.tree("gpu8"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
+    let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let (mut kubelet, plugin) = Plugin::beside_kubelet(&d, &[]);
 
     let regs = kubelet.registrations(3).await;
     let seen: Vec<(&str, &str, &str, bool)> = regs
@@ -260,10 +118,8 @@ async fn registers_all_three_resources_and_lists_tokens_with_numa_hints() {
 #[tokio::test]
 async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_failed_link() {
     let d = Dirs::new();
-    let mut kubelet = Kubelet::start(&d.kubelet());
     // A huge poll interval: only the folder watch can deliver the updates below.
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
-    assert_eq!(kubelet.registrations(3).await.len(), 3);
+    let (_kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "1h"]).await;
     let mut stream = plugin.watch(EXCLUSIVE).await;
     assert!(
         next_list(&mut stream).await.is_empty(),
@@ -314,12 +170,8 @@ async fn zero_devices_are_registered_and_a_spec_change_is_streamed_including_a_f
 
 #[tokio::test]
 async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
-    let d = Dirs::new();
-    fixtures::vf_only(&d.tree("vf"));
-    publish(&d.tree("vf"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
-    kubelet.registrations(3).await;
+    let d = Dirs::published("vf", fixtures::vf_only);
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
     let vfs = summary(&list_once(&plugin, PARTITIONED).await);
     // mlx5_1 and mlx5_2 report NUMA -1 and inherit the PF's node 1.
     let want: Vec<(String, String, Vec<i64>)> = (1..=4)
@@ -333,12 +185,8 @@ async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
     drop(plugin);
 
     // Neither the interface nor (for a VF) its parent knows its node: no hint, never node 0.
-    let d = Dirs::new();
-    fixtures::blank_numa(&d.tree("blank"));
-    publish(&d.tree("blank"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
-    kubelet.registrations(3).await;
+    let d = Dirs::published("blank", fixtures::blank_numa);
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
     let list = list_once(&plugin, EXCLUSIVE).await;
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].topology, None);
@@ -377,12 +225,8 @@ async fn virtual_functions_use_their_parents_numa_and_no_numa_means_no_hint() {
 
 #[tokio::test]
 async fn preferred_allocation_keeps_one_numa_node_honours_must_include_and_spreads_shares() {
-    let d = Dirs::new();
-    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
-    publish(&d.tree("gpu8"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
-    kubelet.registrations(3).await;
+    let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
     let all: Vec<String> = (0..10).map(|i| format!("mlx5_{i}")).collect();
 
     let ask = |resource: &'static str, available: Vec<String>, must: Vec<String>, size: i32| {
@@ -448,9 +292,7 @@ async fn preferred_allocation_keeps_one_numa_node_honours_must_include_and_sprea
 
 #[tokio::test]
 async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids() {
-    let d = Dirs::new();
-    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
-    publish(&d.tree("gpu8"), &d.cdi());
+    let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
     fixtures::vf_only(&d.tree("vf"));
     // Only the partitioned spec of the VF node, beside the gpu8 whole-interface spec.
     let vfcdi = d.tree("vfcdi");
@@ -460,9 +302,7 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
         d.cdi().join("nodefabric-rdma-vf.json"),
     )
     .unwrap();
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
 
     let allocate = |socket: &'static str, containers: Vec<Vec<&'static str>>| {
         let plugin = &plugin;
@@ -555,13 +395,9 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
 
 #[tokio::test]
 async fn flags_drop_families_and_switch_to_cdi_annotations() {
-    let d = Dirs::new();
-    fixtures::gpu8_switch_paired(&d.tree("gpu8"));
-    publish(&d.tree("gpu8"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(
-        &d.kubelet(),
-        &d.cdi(),
+    let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let (mut kubelet, plugin) = Plugin::beside_kubelet(
+        &d,
         &[
             "--no-shared",
             "--no-partitioned",
@@ -599,12 +435,8 @@ async fn flags_drop_families_and_switch_to_cdi_annotations() {
 
 #[tokio::test]
 async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_sigterm_cleans_up() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
-    kubelet.registrations(3).await;
+    let d = Dirs::published("n", fixtures::no_accelerator);
+    let (kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "1h"]).await;
     let mut old_stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(next_list(&mut old_stream).await.len(), 2);
 
@@ -652,17 +484,13 @@ async fn kubelet_restart_is_followed_by_new_sockets_and_a_new_registration_and_s
 
 #[tokio::test]
 async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     std::fs::write(
         d.cdi().join("nodefabric-rdma-vf.json"),
         "{\"cdiVersion\": \"0.6.0\", \"kind\": ",
     )
     .unwrap();
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "100ms"]);
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "100ms"]).await;
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
     assert!(list_once(&plugin, PARTITIONED).await.is_empty());
 
@@ -687,17 +515,13 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
 
 #[tokio::test]
 async fn an_unverified_link_is_healthy() {
-    let d = Dirs::new();
-    fixtures::unreadable_port(&d.tree("u"));
-    publish(&d.tree("u"), &d.cdi());
+    let d = Dirs::published("u", fixtures::unreadable_port);
     let spec = std::fs::read_to_string(d.cdi().join("nodefabric-rdma.json")).unwrap();
     assert!(
         spec.contains("\"rdma.gpustack.ai/link\": \"Unverified\""),
         "{spec}"
     );
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &[]);
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
     assert_eq!(
         summary(&list_once(&plugin, EXCLUSIVE).await),
         [("mlx5_0".into(), "Healthy".into(), vec![0])]
@@ -715,25 +539,16 @@ fn swap_spec(cdi: &Path, make: impl FnOnce(&Path)) {
 /// Creates a file of some hostile kind at the path it is given.
 type MakeFile = Box<dyn FnOnce(&Path)>;
 
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-}
-
 #[tokio::test]
 async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_grow_the_plugin_and_tokens_stay(
 ) {
-    let d = Dirs::new();
     // mlx5_0's link is Failed: its Unhealthy token must survive too.
-    fixtures::all_ports_down(&d.tree("down"), true);
-    publish(&d.tree("down"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(
-        &d.kubelet(),
-        &d.cdi(),
+    let d = Dirs::published("down", |p| fixtures::all_ports_down(p, true));
+    let (_kubelet, plugin) = Plugin::registered(
+        &d,
         &["--poll-interval", "100ms", "--max-spec-bytes", "65536"],
-    );
-    kubelet.registrations(3).await;
+    )
+    .await;
     let want = vec![
         ("mlx5_0".to_string(), "Unhealthy".to_string(), vec![0]),
         ("mlx5_1".into(), "Healthy".into(), vec![1]),
@@ -742,7 +557,7 @@ async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_
 
     let cdi = d.cdi();
     let hostile: [(&str, MakeFile); 4] = [
-        ("FIFO", Box::new(mkfifo)),
+        ("FIFO", Box::new(make_fifo)),
         (
             "character device",
             Box::new(|p: &Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
@@ -789,9 +604,7 @@ async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_
 
 #[tokio::test]
 async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_line() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     // No kubelet yet; debug level, so a wake would show.
     let addr = free_addr();
     let plugin = Plugin::start(
@@ -835,13 +648,9 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
 
 #[tokio::test]
 async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_again() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     // Only the folder watch can deliver the change below.
-    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "1h"]).await;
     let mut stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(summary(&next_list(&mut stream).await).len(), 2);
 
@@ -881,9 +690,7 @@ async fn a_cdi_folder_deleted_keeps_its_tokens_and_one_recreated_is_watched_agai
 
 #[tokio::test]
 async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_keeps_its_tokens() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     let (_held, mounted) = mount::held(&d.cdi());
     let (_kubelet, plugin, addr) = ready_with_probes(&d, &d.kubelet(), &mounted).await;
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
@@ -912,9 +719,7 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
 
 #[tokio::test]
 async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     let (_held, mounted) = mount::held(&d.kubelet());
     let (_kubelet, _plugin, addr) = ready_with_probes(&d, &mounted, &d.cdi()).await;
     assert_eq!(http_get(&addr, "/healthz").0, 200);
@@ -932,21 +737,14 @@ async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
 
 #[tokio::test]
 async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     let path = d.cdi().join("nodefabric-rdma.json");
     let mut spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     spec["devices"][0]["name"] = "mlx5_0,nvidia.com/gpu=all".into();
     std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(
-        &d.kubelet(),
-        &d.cdi(),
-        &["--poll-interval", "100ms", "--cdi-annotations"],
-    );
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) =
+        Plugin::registered(&d, &["--poll-interval", "100ms", "--cdi-annotations"]).await;
     let list = summary(&list_once(&plugin, EXCLUSIVE).await);
     assert_eq!(list, [("mlx5_1".into(), "Healthy".into(), vec![1])]);
     let bad = "mlx5_0,nvidia.com/gpu=all";
@@ -1005,12 +803,6 @@ async fn ready_with_probes(
     (kubelet, plugin, addr)
 }
 
-/// A free loopback port for the plugin's HTTP server.
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
 /// Polls `f` until it returns true, failing after [`kubelet::WAIT`].
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     within(what, async {
@@ -1023,9 +815,7 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     let addr = free_addr();
     let plugin = Plugin::start(
         &d.kubelet(),
@@ -1070,7 +860,7 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
     }
 
     // The spec turns into a FIFO: not ready (naming it), alive, counted once.
-    swap_spec(&d.cdi(), mkfifo);
+    swap_spec(&d.cdi(), make_fifo);
     let spec = d.cdi().join("nodefabric-rdma.json").display().to_string();
     eventually("/readyz 503", || http_get(&addr, "/readyz").0 == 503).await;
     assert!(http_get(&addr, "/readyz").1.contains(&spec));
@@ -1099,13 +889,8 @@ async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_strea
     fixtures::no_accelerator(&up);
     fixtures::all_ports_down(&down, true);
     publish(&up, &d.cdi());
-    let mut kubelet = Kubelet::start(&d.kubelet());
-    let plugin = Plugin::start(
-        &d.kubelet(),
-        &d.cdi(),
-        &["--drain-timeout", "1s", "--poll-interval", "1h"],
-    );
-    kubelet.registrations(3).await;
+    let (_kubelet, plugin) =
+        Plugin::registered(&d, &["--drain-timeout", "1s", "--poll-interval", "1h"]).await;
 
     // A client with a 1 KiB window that never reads: the 128-token shared
     // list (about 4 KiB) cannot all be sent, so the plugin's buffers fill.
@@ -1251,9 +1036,7 @@ fn out_of_range_flags_are_usage_errors_naming_the_flag_and_every_flag_has_an_env
 
 #[tokio::test]
 async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
-    let d = Dirs::new();
-    fixtures::no_accelerator(&d.tree("n"));
-    publish(&d.tree("n"), &d.cdi());
+    let d = Dirs::published("n", fixtures::no_accelerator);
     let mut kubelet = Kubelet::start(&d.kubelet());
     let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
         .env("NODEFABRIC_KUBELET_DIR", d.kubelet())

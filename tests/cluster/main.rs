@@ -5,15 +5,8 @@
 //! observer restart, ownership conflicts, Node-name reuse; plus the faults
 //! a broker must survive without changing the ConfigMap.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
-#[path = "support/apiserver_rbac.rs"]
-mod apiserver_rbac;
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[allow(dead_code)] // only runnable() is used here
-#[path = "support/host.rs"]
-mod host;
+#[path = "../support/mod.rs"]
+mod support;
 
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
@@ -21,12 +14,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::cluster::{Cluster, NS, OWNER};
+use support::os::{free_port, make_fifo};
+use support::{apiserver, fixtures, host};
 
-const NS: &str = "nodefabric";
 // The names deploy/ uses: the RBAC there grants exactly these.
 const CM: &str = "nodefabric-rails";
 const CM_PATH: &str = "/api/v1/namespaces/nodefabric/configmaps/nodefabric-rails";
-const OWNER: &str = "nodefabric-observer";
 const RAIL_PORTS: [&str; 8] = [
     "eth_r0_p0",
     "eth_r0_p1",
@@ -58,10 +52,12 @@ impl World {
         let dir = tmp.path().to_path_buf();
         let root = dir.join("sys");
         fixtures::gpu8_named(&root, |i, _| format!("eth_r{}_p{}", i / 2, i % 2));
-        let api = ApiServer::start();
-        let kubeconfig = api.kubeconfig(&dir, TOKEN, NS);
-        let broker_kubeconfig = api.kubeconfig(&dir, &api.account_token(NS, "nodefabric"), NS);
-        let observer_kubeconfig = api.kubeconfig(&dir, &api.account_token(NS, OWNER), NS);
+        let Cluster {
+            api,
+            kubeconfig,
+            broker_kubeconfig,
+            observer_kubeconfig,
+        } = Cluster::start(&dir);
         let w = World {
             api,
             _tmp: tmp,
@@ -140,6 +136,17 @@ impl World {
             .stderr(stderr)
             .spawn()
             .unwrap()
+    }
+
+    /// The observer (logging to observer.log) once past its first
+    /// reconciliation.
+    fn synced_observer(&self) -> Child {
+        let obs = self.observer("observer.log");
+        eventually("the observer synced", || {
+            self.read_log("observer.log")
+                .contains("reconciling every record")
+        });
+        obs
     }
 
     /// `nodefabric observe` under the observer's account.
@@ -589,11 +596,7 @@ fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
         w.api.add_node("c"),
     );
     w.owned_configmap(json!({"a": record(&a), "b": record(&b), "c": record(&c)}));
-    let mut obs = w.observer("observer.log");
-    eventually("the observer synced", || {
-        w.read_log("observer.log")
-            .contains("reconciling every record")
-    });
+    let mut obs = w.synced_observer();
     assert_eq!(
         w.data().len(),
         3,
@@ -652,11 +655,7 @@ fn node_name_reuse_a_replacement_record_written_before_the_observer_sees_the_del
     let w = World::new();
     let old = w.api.add_node("x");
     w.owned_configmap(json!({"x": record(&old)}));
-    let mut obs = w.observer("observer.log");
-    eventually("the observer synced", || {
-        w.read_log("observer.log")
-            .contains("reconciling every record")
-    });
+    let mut obs = w.synced_observer();
 
     // The observer sees nothing while x is deleted, re-created and its new broker publishes.
     w.api.pause_watches();
@@ -690,11 +689,7 @@ fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observe
     let w = World::new();
     let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
     w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
-    let mut obs = w.observer("observer.log");
-    eventually("the observer synced", || {
-        w.read_log("observer.log")
-            .contains("reconciling every record")
-    });
+    let mut obs = w.synced_observer();
     // Just before the observer's removal lands, someone writes a new value under b.
     w.api.fault(
         "PATCH",
@@ -766,14 +761,6 @@ fn probe(port: u16, path: &str) -> Option<u16> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     out.split(' ').nth(1)?.parse().ok()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `publish --interval 1s` for node-a under the broker's account, with
@@ -1011,11 +998,7 @@ fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
     let w = World::new();
     let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
     w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
-    let mut obs = w.observer("observer.log");
-    eventually("the observer synced", || {
-        w.read_log("observer.log")
-            .contains("reconciling every record")
-    });
+    let mut obs = w.synced_observer();
     // b's deletion is never delivered: held back, then compacted away, then the watch drops.
     w.api.pause_watches();
     w.api.delete_node("b");
@@ -1105,9 +1088,7 @@ fn missing_or_malformed_kubeconfig_fails_naming_it() {
     fs::write(&garbage, "clusters: [unterminated\n").unwrap();
     // A FIFO would block a whole-file read forever: refused unopened.
     let fifo = w.dir.join("fifo-kubeconfig");
-    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo(3) on a NUL-terminated path in our temp folder.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    make_fifo(&fifo);
     for path in [w.dir.join("no-such-kubeconfig"), garbage, fifo] {
         let e = failed(
             w.nodefabric_as(&path)

@@ -1,12 +1,7 @@
 //! `nodefabric capture` → `--sysfs-root FILE.tar.gz`: every fixture replays
 //! to byte-identical output, and the archive holds only what discovery read.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-
-#[path = "support/archive.rs"]
-mod archive;
-
+use crate::support::{archive, fixtures};
 use archive::Hostile;
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,11 +1,7 @@
 //! Scale-up fabric per accelerator and the fabric.* labels, per manufacturer
 //! and state, through the real binary.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/snapshots.rs"]
-mod snapshots;
-
+use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
 use std::fs;

@@ -19,12 +19,8 @@
 //! (scripts/test.sh installs them). Without them the test is skipped with a
 //! message, except under CI, where it fails.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-mod host;
-#[path = "support/kubelet.rs"]
-mod kubelet;
+use crate::support::plugin::{Plugin, RESOURCES};
+use crate::support::{fixtures, host, kubelet};
 
 /// The CRI runtime API subset in `proto/cri_runtime_v1.proto` (generated code).
 #[allow(clippy::all)]
@@ -34,11 +30,11 @@ mod cri {
 
 use cri::runtime_service_client::RuntimeServiceClient;
 use nodefabric::kubelet::socket;
-use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
+use nodefabric::plugin::api;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -194,25 +190,20 @@ async fn allocate(
 ) -> api::ContainerAllocateResponse {
     fs::create_dir_all(kubelet_dir).unwrap();
     let mut kubelet = kubelet::Kubelet::start(kubelet_dir);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"));
-    cmd.arg("--kubelet-dir")
-        .arg(kubelet_dir)
-        .arg("--cdi-dir")
-        .arg(cdi_dir)
-        .stderr(Stdio::null());
-    if annotations {
-        cmd.arg("--cdi-annotations");
-    }
-    let mut plugin = cmd.spawn().unwrap();
-    let regs = kubelet.registrations(3).await;
+    let flags: &[&str] = if annotations {
+        &["--cdi-annotations"]
+    } else {
+        &[]
+    };
+    let plugin = Plugin::start(kubelet_dir, cdi_dir, flags);
+    let regs = kubelet.registrations(RESOURCES).await;
     let exclusive = regs
         .iter()
         .find(|r| r.resource_name == "device.gpustack.ai/rdma")
         .expect("exclusive resource registered");
-    let channel = socket::connect(&kubelet_dir.join(&exclusive.endpoint))
+    let resp = plugin
+        .client(&exclusive.endpoint)
         .await
-        .unwrap();
-    let resp = DevicePluginClient::new(channel)
         .allocate(api::AllocateRequest {
             container_requests: vec![api::ContainerAllocateRequest {
                 devices_ids: vec![token.into()],
@@ -221,9 +212,7 @@ async fn allocate(
         .await
         .unwrap()
         .into_inner();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(plugin.id() as i32, libc::SIGTERM) };
-    plugin.wait().unwrap();
+    plugin.terminate();
     kubelet.stop();
     resp.container_responses.into_iter().next().unwrap()
 }

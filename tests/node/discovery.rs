@@ -1,11 +1,7 @@
 //! End-to-end tests of `nodefabric inventory|features|preflight|publish`:
 //! the built binary run on fixture sysfs trees, outputs snapshotted.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/snapshots.rs"]
-mod snapshots;
-
+use crate::support::{fixtures, snapshots};
 use snapshots::settings as snapshot_settings;
 
 use std::fs;

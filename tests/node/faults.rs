@@ -5,14 +5,8 @@
 //! no label, no CDI device (and so no kubelet token, which the device plugin
 //! derives one-to-one from the CDI devices), and preflight names the kept fact.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-#[allow(dead_code)]
-mod host;
-#[path = "support/mount.rs"]
-mod mount;
-
+use crate::support::os::{free_port, make_fifo};
+use crate::support::{fixtures, host, mount};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,16 +73,7 @@ fn break_path(path: &Path, form: Form) {
     match form {
         Form::Folder => fs::create_dir(path).unwrap(),
         Form::Dangling => std::os::unix::fs::symlink("gone.by.now", path).unwrap(),
-        Form::Fifo => {
-            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-            // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-            assert_eq!(
-                unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
-                0,
-                "mkfifo {}",
-                path.display()
-            );
-        }
+        Form::Fifo => make_fifo(path),
         Form::Huge => fs::write(path, "1".repeat(70 * 1024)).unwrap(),
         Form::File => fs::write(path, "not a folder\n").unwrap(),
         Form::Garbage => fs::write(path, "\u{fffd}garbage\n").unwrap(),
@@ -923,11 +908,7 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     fs::create_dir_all(&host_cdi).unwrap();
     let (_held, mounted) = mount::held(&host_cdi);
     let mounted = mounted.to_str().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let dirs = node.dirs();
     let health = format!("127.0.0.1:{port}");
     let mut child = spawn_quiet(&[

@@ -121,7 +121,15 @@ fn ours(sys: &SysRoot, rel: &str) -> Answer {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // Failures are kept beside this file: proptest's default looks for the
+    // folder above the nearest main.rs (tests/proptest-regressions/).
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: Some(Box::new(
+            prop::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn resolution_agrees_with_the_kernel(

@@ -8,11 +8,7 @@
 //! Without them the test is skipped with a message, except under CI, where
 //! it fails.
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
-#[path = "support/host.rs"]
-mod host;
-
+use crate::support::{fixtures, host};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

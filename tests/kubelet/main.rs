@@ -1,0 +1,11 @@
+//! The device plugin as kubelet and the container runtimes use it: the real
+//! binary against a kubelet stand-in, real containerd and podman. One test
+//! binary, so the crate is linked once for all of them.
+
+// A folder target's own `mod support;` would look inside this folder.
+#[path = "../support/mod.rs"]
+mod support;
+
+mod containerd;
+mod plugin;
+mod podman;
