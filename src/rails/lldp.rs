@@ -29,9 +29,10 @@ pub enum LldpError {
         /// The JSON parser's words.
         cause: String,
     },
-    /// JSON, but not lldpctl's neighbour table.
+    /// JSON, but not lldpctl's neighbour table (in the message, not a
+    /// `source`, so an error chain prints it once).
     #[error("reading the LLDP neighbour table: {0}")]
-    Table(#[from] TableError),
+    Table(TableError),
 }
 
 /// How a text that is not JSON is named: by the command that printed it, or the file.
@@ -73,7 +74,7 @@ pub fn neighbours(answer: &Answer) -> Result<BTreeSet<String>, LldpError> {
         origin: answer.origin.clone(),
         cause: e.to_string(),
     })?;
-    Ok(interfaces(&json)?)
+    interfaces(&json).map_err(LldpError::Table)
 }
 
 /// The local interface names that have at least one LLDP neighbour, sorted.

@@ -463,3 +463,189 @@ pub fn to_bytes(record: &RailRecord) -> Vec<u8> {
     s.push('\n');
     s.into_bytes()
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`build`] from hand-made inputs: no tree, no tool, no file.
+    use super::answers::{Answer, NvidiaAnswers, Origin, Output};
+    use super::*;
+    use serde_json::json;
+
+    /// GPU 0000:12:00.0 behind switch 0000:11:00.0 with rail NIC eth_r0_p0
+    /// (mlx5_0, 0000:13:00.0); eth_r1_p0 (mlx5_1, 0000:23:00.0) behind
+    /// another root port on the same NUMA node.
+    fn record() -> NodeRecord {
+        let nic = |name: &str, rdma: &str, pci: &str, switches: [&str; 3]| {
+            json!({"name": name, "bus": "pci", "pciBusId": pci, "numa": 0, "up": true,
+                   "virtual": false, "rdma": true, "rdmaDevice": rdma, "physicalFunction": false,
+                   "virtualFunctionsConfigured": 0, "topology": {"pciSwitches": switches}})
+        };
+        serde_json::from_value(json!({"version": 1, "spec": {
+            "interfaces": [
+                nic("eth_r0_p0", "mlx5_0", "0000:13:00.0", ["0000:11:00.0", "0000:10:00.0", "0000:00:01.0"]),
+                nic("eth_r1_p0", "mlx5_1", "0000:23:00.0", ["0000:21:00.0", "0000:20:00.0", "0000:00:02.0"]),
+            ],
+            "groups": [{"manufacturer": "nvidia", "accelerators": [{
+                "id": "0", "manufacturer": "nvidia", "pciId": "10de:2330",
+                "pciBusId": "0000:12:00.0", "numa": 0,
+                "topology": {"pciSwitches": ["0000:11:00.0", "0000:10:00.0", "0000:00:01.0"]}}]}]
+        }}))
+        .unwrap()
+    }
+
+    fn options(source: PortSource, re: &str) -> Options {
+        Options {
+            source,
+            interface_regex: Regex::new(re).unwrap(),
+            rail_id: "rail$1".into(),
+            node_uid: "uid-1".into(),
+        }
+    }
+
+    /// LLDP neighbours eth_r0_p0, eth_r1_p0 and eno1, and their device links.
+    fn lldp_inputs() -> Inputs {
+        let table =
+            json!({"lldp": {"interface": [{"eth_r0_p0": {}}, {"eth_r1_p0": {}}, {"eno1": {}}]}});
+        let mut inputs = Inputs::default();
+        inputs.answers.lldp = Some(Answer::printed(
+            Origin::Command("lldpctl".into()),
+            table.to_string(),
+        ));
+        for (name, pci) in [
+            ("eth_r0_p0", "0000:13:00.0"),
+            ("eth_r1_p0", "0000:23:00.0"),
+            ("eno1", "0000:00:1f.6"),
+        ] {
+            inputs
+                .netdev_pci
+                .insert(name.into(), DeviceLink::Pci(pci.into()));
+        }
+        inputs
+    }
+
+    const RAILS: &str = "^eth_r([0-9]+)_p[0-9]+$";
+
+    #[test]
+    fn host_lldp_rails_with_the_pcie_walk_from_answers_alone() {
+        let r = build(
+            &record(),
+            &lldp_inputs(),
+            &options(PortSource::HostLldp, RAILS),
+        )
+        .unwrap();
+        assert_eq!(r.rail_source, "host-lldp");
+        assert_eq!(r.node_uid, "uid-1");
+        assert_eq!(
+            r.nics.keys().collect::<Vec<_>>(),
+            ["0000:13:00.0", "0000:23:00.0"]
+        );
+        let gpu = &r.gpus[0];
+        assert_eq!((gpu.source, gpu.uuid.as_deref()), (GpuSource::Sysfs, None));
+        assert_eq!(gpu.rails["rail0"].path_class, Distance::Pix);
+        assert_eq!(gpu.rails["rail0"].nics, ["0000:13:00.0"]);
+    }
+
+    #[test]
+    fn nvidia_answers_give_the_classes_and_an_unresolved_nic_is_on_no_rail() {
+        let topo = "\tGPU0\tNIC0\tNIC1\tNIC2\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n\
+                    GPU0\t X \tPXB\tNODE\tPIX\t0-19\t0\t\tN/A\n\
+                    NIC0\tPXB\t X \tNODE\tPIX\t\t\t\t\n\
+                    NIC1\tNODE\tNODE\t X \tNODE\t\t\t\t\n\
+                    NIC2\tPIX\tPIX\tNODE\t X \t\t\t\t\n\
+                    \nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n  NIC2: mlx5_9\n";
+        let mut inputs = lldp_inputs();
+        inputs.answers.nvidia = Some(NvidiaAnswers {
+            query: Answer::printed(
+                Origin::File("q.csv".into()),
+                "0, GPU-00000000-1111-2222-3333-444444444444, 00000000:12:00.0\n",
+            ),
+            topo: Some(Answer::printed(Origin::File("t.txt".into()), topo)),
+        });
+        for (nic, link) in [
+            ("mlx5_0", DeviceLink::Pci("0000:13:00.0".into())),
+            ("mlx5_1", DeviceLink::Pci("0000:23:00.0".into())),
+            ("mlx5_9", DeviceLink::Unresolved("gone".into())),
+        ] {
+            inputs.rdma_pci.insert(nic.into(), link);
+        }
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap();
+        let gpu = &r.gpus[0];
+        assert_eq!(gpu.source, GpuSource::NvidiaSmi);
+        assert_eq!(
+            gpu.uuid.as_deref(),
+            Some("GPU-00000000-1111-2222-3333-444444444444")
+        );
+        // The matrix's PXB, not the walk's PIX; mlx5_9's PIX reaches no rail NIC.
+        assert_eq!(gpu.rails["rail0"].path_class, Distance::Pxb);
+        assert_eq!(gpu.rails["rail1"].path_class, Distance::Node);
+
+        // A topo -m that failed fails the record, in the tool's words.
+        inputs.answers.nvidia.as_mut().unwrap().topo = Some(Answer::failed(
+            Origin::Command("nvidia-smi topo -m".into()),
+            "nvidia-smi topo -m exited with exit status: 9: no",
+        ));
+        let err = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "nvidia-smi topo -m exited with exit status: 9: no"
+        );
+        // nvidia-smi not installed: the walk for every GPU.
+        inputs.answers.nvidia.as_mut().unwrap().query.output = Output::NotInstalled;
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap();
+        assert_eq!(r.gpus[0].source, GpuSource::Sysfs);
+    }
+
+    #[test]
+    fn each_lldp_failure_is_named_and_no_rails_asks_no_gpu_answer() {
+        let opts = options(PortSource::HostLldp, RAILS);
+        let mut inputs = lldp_inputs();
+        inputs.answers.lldp.as_mut().unwrap().output = Output::NotInstalled;
+        let err = build(&record(), &inputs, &opts).unwrap_err();
+        assert!(
+            err.to_string().contains("running lldpctl: not found"),
+            "{err}"
+        );
+        inputs.answers.lldp = Some(Answer::printed(Origin::File("/x/l.json".into()), "{"));
+        let err = build(&record(), &inputs, &opts).unwrap_err();
+        assert!(
+            err.to_string().starts_with("/x/l.json is not JSON: "),
+            "{err}"
+        );
+        inputs.answers.lldp = None;
+        assert_eq!(
+            build(&record(), &inputs, &opts).unwrap_err(),
+            RailError::NoLldp
+        );
+        // A rail port whose device link did not resolve is named with its reason.
+        let mut inputs = lldp_inputs();
+        inputs.netdev_pci.insert(
+            "eth_r1_p0".into(),
+            DeviceLink::Unresolved("resolving class/net/eth_r1_p0/device: gone".into()),
+        );
+        assert_eq!(
+            build(&record(), &inputs, &opts).unwrap_err().to_string(),
+            "rail rail1: interface eth_r1_p0 has no PCI device: resolving class/net/eth_r1_p0/device: gone"
+        );
+        // No rail port matches: an empty record, whatever nvidia-smi said.
+        let mut inputs = lldp_inputs();
+        inputs.answers.nvidia = Some(NvidiaAnswers {
+            query: Answer::failed(Origin::Command("nvidia-smi --query-gpu".into()), "broken"),
+            topo: None,
+        });
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, "^ib")).unwrap();
+        assert!(r.nics.is_empty() && r.gpus.is_empty());
+    }
+
+    #[test]
+    fn interface_name_needs_no_lldp_answer() {
+        let r = build(
+            &record(),
+            &Inputs::default(),
+            &options(PortSource::InterfaceName, "^mlx5_([0-9]+)$"),
+        )
+        .unwrap();
+        assert_eq!(r.rail_source, "interface-name");
+        assert_eq!(r.nics["0000:23:00.0"], ["rail1"]);
+        assert_eq!(r.gpus[0].rails["rail0"].nics, ["0000:13:00.0"]);
+    }
+}
