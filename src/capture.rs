@@ -29,14 +29,19 @@ use std::path::{Path, PathBuf};
 pub const TOP: &str = "sysfs";
 
 /// The archive's folder for the vendor answers the pass used
-/// ([`crate::fabric::answers`]), beside the tree.
+/// ([`crate::fabric::answers`]) and the rail answers it read
+/// ([`crate::rails::answers`]), beside the tree.
 pub const VENDOR: &str = "vendor";
 
-/// Packs the recorded entries, and the vendor answers the pass used, into
-/// gzip-compressed tar bytes. Entries are sorted with their parent folders
+/// Packs the recorded entries, the vendor answers the pass used and its
+/// rail answers into gzip-compressed tar bytes. Entries are sorted with their parent folders
 /// first, and every header carries fixed owner, mode and time, so the same
 /// tree gives the same bytes.
-pub fn pack(recorded: &Recorded, answers: &crate::fabric::answers::Answers) -> Result<Vec<u8>> {
+pub fn pack(
+    recorded: &Recorded,
+    answers: &crate::fabric::answers::Answers,
+    rails: &crate::rails::RailAnswers,
+) -> Result<Vec<u8>> {
     // Every ancestor of an entry must exist as a folder on replay.
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     for (path, entry) in recorded {
@@ -88,12 +93,15 @@ pub fn pack(recorded: &Recorded, answers: &crate::fabric::answers::Answers) -> R
             }
         }
     }
-    let vendor = answers.to_bytes();
     let mut h = header(tar::EntryType::Directory, 0o755, 0);
     tar.append_data(&mut h, VENDOR, std::io::empty())?;
-    let mut h = header(tar::EntryType::Regular, 0o444, vendor.len() as u64);
-    let name = format!("{VENDOR}/{}", crate::fabric::answers::FILE);
-    tar.append_data(&mut h, &name, vendor.as_slice())?;
+    for (file, bytes) in [
+        (crate::fabric::answers::FILE, answers.to_bytes()),
+        (crate::rails::answers::FILE, rails.to_bytes()),
+    ] {
+        let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);
+        tar.append_data(&mut h, format!("{VENDOR}/{file}"), bytes.as_slice())?;
+    }
     let gz = tar.into_inner()?;
     Ok(gz.finish()?)
 }

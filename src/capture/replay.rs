@@ -40,27 +40,34 @@ impl Replay {
     /// The vendor answers the captured pass used; `Ok(None)` for an archive
     /// from before captures held them, an error for a file that is not one.
     pub fn answers(&self) -> Result<Option<crate::fabric::answers::Answers>, String> {
-        let path = self
-            .folder
-            .path()
-            .join(VENDOR)
-            .join(crate::fabric::answers::FILE);
+        self.vendor_file(crate::fabric::answers::FILE)?
+            .map(|bytes| crate::fabric::answers::Answers::from_bytes(&bytes))
+            .transpose()
+    }
+
+    /// The rail answers the captured pass read; `Ok(None)` for an archive
+    /// from before captures held them (its replay reads the rail inputs
+    /// afresh), an error for a file that is not one.
+    pub fn rail_answers(&self) -> Result<Option<crate::rails::RailAnswers>, String> {
+        self.vendor_file(crate::rails::answers::FILE)?
+            .map(|bytes| crate::rails::RailAnswers::from_bytes(&bytes).map_err(|e| e.to_string()))
+            .transpose()
+    }
+
+    /// The bytes of `vendor/FILE`; `Ok(None)` where the archive has none.
+    fn vendor_file(&self, file: &str) -> Result<Option<Vec<u8>>, String> {
+        let path = self.folder.path().join(VENDOR).join(file);
         match fs::symlink_metadata(&path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("vendor/{}: {e}", crate::fabric::answers::FILE)),
+            Err(e) => return Err(format!("vendor/{file}: {e}")),
             // Unpack wrote only folders, files and checked links; a link here
             // is still not an answer.
-            Ok(m) if !m.is_file() => {
-                return Err(format!(
-                    "vendor/{}: not a regular file",
-                    crate::fabric::answers::FILE
-                ))
-            }
+            Ok(m) if !m.is_file() => return Err(format!("vendor/{file}: not a regular file")),
             Ok(_) => {}
         }
-        let bytes =
-            fs::read(&path).map_err(|e| format!("vendor/{}: {e}", crate::fabric::answers::FILE))?;
-        crate::fabric::answers::Answers::from_bytes(&bytes).map(Some)
+        fs::read(&path)
+            .map(Some)
+            .map_err(|e| format!("vendor/{file}: {e}"))
     }
 }
 

@@ -1,7 +1,8 @@
 //! `nodefabric capture`: one pass on a recording tree, packed for a bug report.
 
-use super::{emit, folder_and_name, Cli};
-use crate::{fabric, pass, publish};
+use super::{emit, folder_and_name, Cli, RailInputArgs};
+use crate::discover::rail_inputs;
+use crate::{fabric, pass, publish, rails};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -12,6 +13,11 @@ pub struct CaptureArgs {
     /// The archive to write (atomically); `-` writes it to stdout.
     #[arg(long, value_name = "FILE.tar.gz")]
     pub out: PathBuf,
+
+    /// Where the rail inputs are read from: the archive stores what they
+    /// answered, for `rails` on its replay.
+    #[command(flatten)]
+    pub rails: RailInputArgs,
 }
 
 /// Runs one pass on a recording tree and packs what it read.
@@ -23,11 +29,15 @@ pub(super) fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
         recorder: Some(recorder.clone()),
         ..cli.fabric_sources()
     };
-    pass::run_on(&root, None, pass::now()?, Some(&sources))
+    let pass = pass::run_on(&root, None, pass::now()?, Some(&sources))
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
+    // The host-lldp source reads everything the other one does, and the
+    // LLDP table besides: a replay can then build either.
+    let rail_sources = args.rails.sources(rails::PortSource::HostLldp, cli);
+    let rail_inputs = rail_inputs::read(&root, &pass.record, &rail_sources);
     let recorded = root.recorded();
     let answers = recorder.lock().expect("recorder lock").clone();
-    let bytes = crate::capture::pack(&recorded, &answers)?;
+    let bytes = crate::capture::pack(&recorded, &answers, &rail_inputs.answers)?;
     if args.out.as_os_str() == "-" {
         emit(bytes)?;
         return Ok(());

@@ -18,7 +18,7 @@ mod rails;
 pub use capture::CaptureArgs;
 pub use cluster_args::{BrokerArgs, ObserveArgs, RecordForm};
 pub use publish::{publish_once, PublishArgs};
-pub use rails::{RailArgs, RailsCommand};
+pub use rails::{RailArgs, RailInputArgs, RailsCommand};
 
 /// Discovers a node's RDMA and accelerator fabric from sysfs and publishes it
 /// for Kubernetes: NFD labels, CDI specs, a rail record.
@@ -96,6 +96,11 @@ pub struct Cli {
     /// `--sysfs-root` is an archive holding them).
     #[arg(skip)]
     pub replayed_answers: Option<fabric::answers::Answers>,
+
+    /// The rail answers of a replayed capture (never a flag: set when
+    /// `--sysfs-root` is an archive holding them).
+    #[arg(skip)]
+    pub replayed_rails: Option<crate::rails::RailAnswers>,
 }
 
 use crate::names::duration_in;
@@ -135,9 +140,10 @@ pub enum Command {
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
     /// Pack exactly the sysfs files and links one discovery pass reads (and
-    /// nothing else of the host) into a .tar.gz that --sysfs-root reads
-    /// back: attach it to a bug report; maintainers replay it with
-    /// `nodefabric --sysfs-root FILE.tar.gz inventory`.
+    /// nothing else of the host), with the vendor and rail tool answers it
+    /// used, into a .tar.gz that --sysfs-root reads back: attach it to a bug
+    /// report; maintainers replay it with
+    /// `nodefabric --sysfs-root FILE.tar.gz inventory` (or `rails …`).
     Capture(CaptureArgs),
     /// The Node Observer: create and own the shared rail ConfigMap (a
     /// controller ownerReference to --owner-deployment) and remove the
@@ -272,9 +278,26 @@ impl Cli {
 /// One discovery pass; `fabric` says whether the command's output uses the
 /// scale-up fabric (and so whether vendor tools are asked at all).
 fn one_pass(cli: &Cli, state_dir: Option<&Path>, fabric: bool) -> Result<Pass> {
+    one_pass_on(cli, &open_tree(cli)?, state_dir, fabric)
+}
+
+/// The tree `--sysfs-root` names, opened once for a pass and the rail read after it.
+fn open_tree(cli: &Cli) -> Result<crate::sysfs::SysRoot> {
+    crate::sysfs::SysRoot::new(&cli.sysfs_root)
+        .map_err(crate::discover::DiscoverError::from)
+        .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))
+}
+
+/// [`one_pass`] on an opened tree.
+fn one_pass_on(
+    cli: &Cli,
+    root: &crate::sysfs::SysRoot,
+    state_dir: Option<&Path>,
+    fabric: bool,
+) -> Result<Pass> {
     let now = pass::now()?;
-    pass::run(
-        &cli.sysfs_root,
+    pass::run_on(
+        root,
         state_dir,
         now,
         fabric.then(|| cli.fabric_sources()).as_ref(),
@@ -297,9 +320,13 @@ fn execute_on_tree(cli: &Cli) -> Result<ExitCode> {
     let answers = replay
         .answers()
         .map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
+    let rails = replay
+        .rail_answers()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cli.sysfs_root.display()))?;
     execute(&Cli {
         sysfs_root: replay.tree(),
         replayed_answers: answers,
+        replayed_rails: rails,
         ..cli.clone()
     })
 }
@@ -336,11 +363,10 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             // is reported before anything asks the cluster.
             let config = r.rails.config(cli.tool_timeout)?;
             let target = r.rails.target(config.as_ref())?;
-            let options =
-                r.rails
-                    .options(config.as_ref(), cli.nvidia_smi.as_deref(), cli.tool_timeout)?;
-            let pass = one_pass(cli, r.state_dir.as_deref(), false)?;
-            let record = rails::rail_record(cli, &pass, &options)?;
+            let options = r.rails.options(config.as_ref())?;
+            let root = open_tree(cli)?;
+            let pass = one_pass_on(cli, &root, r.state_dir.as_deref(), false)?;
+            let record = rails::rail_record(cli, &root, &pass, &r.rails, &options)?;
             if let Some(target) = target {
                 r.rails.cluster.publish(&target, &record)?;
             }

@@ -124,18 +124,19 @@ fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
-    let pass = pass::run(
-        &cli.sysfs_root,
-        Some(state_dir),
-        now,
-        Some(&cli.fabric_sources()),
-    )
-    .with_context(|| {
-        format!(
-            "reading sysfs tree {}; nothing published",
-            cli.sysfs_root.display()
-        )
-    })?;
+    // One tree for the pass and the rail read after it.
+    let (root, pass) = crate::sysfs::SysRoot::new(&cli.sysfs_root)
+        .map_err(crate::discover::DiscoverError::from)
+        .and_then(|root| {
+            let pass = pass::run_on(&root, Some(state_dir), now, Some(&cli.fabric_sources()))?;
+            Ok((root, pass))
+        })
+        .with_context(|| {
+            format!(
+                "reading sysfs tree {}; nothing published",
+                cli.sysfs_root.display()
+            )
+        })?;
 
     let ttl = args.ttl();
     let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
@@ -168,6 +169,7 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
             (None, None) => Ok(()),
             (file, target) => publish_rails(
                 cli,
+                &root,
                 &pass,
                 &args.rails,
                 config.as_ref(),

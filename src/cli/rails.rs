@@ -2,7 +2,9 @@
 //! the flags and values file that pick rail ports, and writing the record.
 
 use super::{folder_and_name, Cli};
+use crate::discover::rail_inputs::{self, LldpSource, NvidiaSource};
 use crate::pass::Pass;
+use crate::sysfs::SysRoot;
 use crate::{cluster, publish, rails};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -44,6 +46,19 @@ pub struct RailArgs {
     #[arg(long, value_name = "TEMPLATE")]
     pub rail_id: Option<String>,
 
+    /// Where the LLDP table and nvidia-smi's answers come from.
+    #[command(flatten)]
+    pub inputs: RailInputArgs,
+
+    /// This node's identity and the shared ConfigMap (the broker).
+    #[command(flatten)]
+    pub cluster: super::BrokerArgs,
+}
+
+/// Where the rail inputs are read from (`rails`, `publish --rails-file`
+/// and `capture`, which stores what they answered).
+#[derive(Debug, Args, Clone, Default)]
+pub struct RailInputArgs {
     /// Run `lldpctl -u PATH -f json` against this lldpd socket (default: lldpd's own).
     #[arg(long, value_name = "PATH", conflicts_with = "lldp_json")]
     pub lldp_socket: Option<PathBuf>,
@@ -63,10 +78,38 @@ pub struct RailArgs {
     /// Take every GPU's paths from the PCIe walk, even where nvidia-smi exists.
     #[arg(long, conflicts_with = "topo_file")]
     pub sysfs_paths: bool,
+}
 
-    /// This node's identity and the shared ConfigMap (the broker).
-    #[command(flatten)]
-    pub cluster: super::BrokerArgs,
+impl RailInputArgs {
+    /// The rail inputs these flags name. Replaying a capture that holds rail
+    /// answers, each input not named on the command line (the LLDP table;
+    /// nvidia-smi, with --nvidia-smi, --topo-file or --sysfs-paths naming
+    /// it) answers as the captured pass read it.
+    pub fn sources(&self, source: rails::PortSource, cli: &Cli) -> rail_inputs::Sources {
+        let replay = cli.replayed_rails.as_ref();
+        let lldp = match (source, &self.lldp_json, replay) {
+            (rails::PortSource::InterfaceName, _, _) => None,
+            (_, Some(f), _) => Some(LldpSource::File(f.clone())),
+            (_, None, Some(r)) if self.lldp_socket.is_none() => {
+                Some(LldpSource::Replay(r.lldp.clone()))
+            }
+            (_, None, _) => Some(LldpSource::Lldpctl(self.lldp_socket.clone())),
+        };
+        let nvidia = match (&self.topo_file, &self.gpu_query_file, replay) {
+            _ if self.sysfs_paths => NvidiaSource::Sysfs,
+            (Some(topo), Some(query), _) => NvidiaSource::Files {
+                query: query.clone(),
+                topo: topo.clone(),
+            },
+            (_, _, Some(r)) if cli.nvidia_smi.is_none() => NvidiaSource::Replay(r.nvidia.clone()),
+            _ => NvidiaSource::Command(cli.nvidia_smi.clone()),
+        };
+        rail_inputs::Sources {
+            lldp,
+            nvidia,
+            timeout: cli.tool_timeout,
+        }
+    }
 }
 
 impl RailArgs {
@@ -75,19 +118,15 @@ impl RailArgs {
     /// it (a ConfigMap mount may change between two reads).
     /// A pipe given as the file is read for at most `wait` (the tool timeout).
     pub fn config(&self, wait: std::time::Duration) -> Result<Option<rails::config::RailConfig>> {
-        self.rails_config
+        Ok(self
+            .rails_config
             .as_deref()
             .map(|path| rails::config::RailConfig::read(path, wait))
-            .transpose()
+            .transpose()?)
     }
 
     /// The rail options, flags over the config file (as [`Self::config`] read it).
-    pub fn options(
-        &self,
-        config: Option<&rails::config::RailConfig>,
-        nvidia_smi: Option<&Path>,
-        timeout: std::time::Duration,
-    ) -> Result<rails::Options> {
+    pub fn options(&self, config: Option<&rails::config::RailConfig>) -> Result<rails::Options> {
         if let Some(c) = config {
             if !c.enabled {
                 anyhow::bail!(
@@ -117,28 +156,18 @@ impl RailArgs {
             .context("rails need --rail-id (or railSource.hostLLDP/interfaceName.railID in --rails-config)")?;
         let interface_regex =
             regex::Regex::new(&regex).with_context(|| format!("--interface-regex {regex:?}"))?;
-        let source = match (source, &self.lldp_json) {
-            (rails::INTERFACE_NAME, None) if self.lldp_socket.is_none() => rails::RailInput::InterfaceName,
-            (rails::INTERFACE_NAME, _) => anyhow::bail!("--lldp-json and --lldp-socket are for the host-lldp rail source, not interface-name"),
-            (_, Some(f)) => rails::RailInput::HostLldp(rails::LldpInput::File(f.clone())),
-            (_, None) => rails::RailInput::HostLldp(rails::LldpInput::Lldpctl(self.lldp_socket.clone())),
-        };
-        let nvidia = match (&self.topo_file, &self.gpu_query_file) {
-            _ if self.sysfs_paths => rails::NvidiaInput::Sysfs,
-            (Some(topo), Some(query)) => rails::NvidiaInput::Files {
-                query: query.clone(),
-                topo: topo.clone(),
-            },
-            _ => rails::NvidiaInput::Command(nvidia_smi.map(Path::to_path_buf)),
+        let lldp_named = self.inputs.lldp_json.is_some() || self.inputs.lldp_socket.is_some();
+        let source = match source {
+            rails::INTERFACE_NAME if lldp_named => anyhow::bail!("--lldp-json and --lldp-socket are for the host-lldp rail source, not interface-name"),
+            rails::INTERFACE_NAME => rails::PortSource::InterfaceName,
+            _ => rails::PortSource::HostLldp,
         };
         let node_uid = self.cluster.node_uid()?;
         Ok(rails::Options {
             source,
             interface_regex,
             rail_id,
-            nvidia,
             node_uid,
-            timeout,
         })
     }
 
@@ -155,20 +184,24 @@ impl RailArgs {
     }
 }
 
-/// Builds the rail record from a pass.
+/// Reads the rail inputs on the pass's tree and builds the rail record from them.
 pub(super) fn rail_record(
     cli: &Cli,
+    root: &SysRoot,
     pass: &Pass,
+    args: &RailArgs,
     options: &rails::Options,
 ) -> Result<rails::RailRecord> {
-    let root = crate::sysfs::SysRoot::new(&cli.sysfs_root)?;
-    rails::build(&root, &pass.record, options)
+    let sources = args.inputs.sources(options.source, cli);
+    let inputs = rail_inputs::read(root, &pass.record, &sources);
+    Ok(rails::build(&pass.record, &inputs, options)?)
 }
 
 /// Writes the rail record to `file` if it changed, and to this node's
 /// cluster record (`target`); on failure the previous file and record stay.
 pub(super) fn publish_rails(
     cli: &Cli,
+    root: &SysRoot,
     pass: &Pass,
     args: &RailArgs,
     config: Option<&rails::config::RailConfig>,
@@ -182,8 +215,8 @@ pub(super) fn publish_rails(
         (None, None) => String::new(),
     };
     let record = args
-        .options(config, cli.nvidia_smi.as_deref(), cli.tool_timeout)
-        .and_then(|o| rail_record(cli, pass, &o))
+        .options(config)
+        .and_then(|o| rail_record(cli, root, pass, args, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
     // The file does not wait on the cluster: each fails or succeeds on its own.
     let written = file.map_or(Ok(()), |file| {

@@ -1,9 +1,11 @@
 //! Discovery: the only part of the program that reads the host. It turns a
-//! sysfs tree (and the previous record, for `firstSeen`) into a [`NodeRecord`].
+//! sysfs tree (and the previous record, for `firstSeen`) into a [`NodeRecord`],
+//! and reads what the rail record is built from ([`rail_inputs`]).
 
 pub mod accel;
 pub mod keep;
 pub mod net;
+pub mod rail_inputs;
 pub mod rdma;
 
 use crate::pci;

@@ -20,9 +20,52 @@
 //!   daemonSet: nvidia-device-plugin-daemonset
 //! ```
 
-use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A rails values file that cannot be used; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read (missing, too large, a stalled pipe …).
+    #[error(transparent)]
+    Read(#[from] crate::input::InputError),
+    /// The text is not YAML.
+    #[error("{}: not YAML: {cause}", path.display())]
+    NotYaml {
+        /// The file.
+        path: PathBuf,
+        /// The YAML parser's words.
+        cause: String,
+    },
+    /// A whole values file without the plugin's block.
+    #[error("{}: nodeMetadata has no plugins.gpuNicRailMapping block", path.display())]
+    NoBlock {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The block does not have the expected shape.
+    #[error("{}: invalid rail configuration: {cause}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What serde found.
+        cause: String,
+    },
+    /// `railSource.name: xplane`.
+    #[error("{}: railSource xplane is not supported (no API gives host PCI identity yet)", path.display())]
+    Xplane {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A rail source name this version does not know.
+    #[error("{}: unknown railSource {name:?} (one of {:?})", path.display(), super::RAIL_SOURCES)]
+    UnknownSource {
+        /// The file.
+        path: PathBuf,
+        /// The name given.
+        name: String,
+    },
+}
 
 /// The largest values file read: a ConfigMap, where it is mounted from,
 /// holds at most 1 MiB.
@@ -102,33 +145,40 @@ pub struct GpuSourceConfig {
 
 impl RailConfig {
     /// Parses a config file's text; `path` only names it in errors.
-    pub fn parse(text: &str, path: &Path) -> Result<RailConfig> {
-        let value: serde_json::Value = serde_saphyr::from_str(text)
-            .with_context(|| format!("{}: not YAML", path.display()))?;
+    pub fn parse(text: &str, path: &Path) -> Result<RailConfig, ConfigError> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::NotYaml {
+                path: path.to_path_buf(),
+                cause: e.to_string(),
+            })?;
         // A whole values file: take the plugin's block.
         let block = match value.pointer("/nodeMetadata/plugins/gpuNicRailMapping") {
             Some(b) => b.clone(),
             None if value.get("nodeMetadata").is_some() => {
-                bail!(
-                    "{}: nodeMetadata has no plugins.gpuNicRailMapping block",
-                    path.display()
-                )
+                return Err(ConfigError::NoBlock {
+                    path: path.to_path_buf(),
+                })
             }
             None => value,
         };
-        let config: RailConfig = serde_json::from_value(block)
-            .with_context(|| format!("{}: invalid rail configuration", path.display()))?;
+        let config: RailConfig =
+            serde_json::from_value(block).map_err(|e| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                cause: e.to_string(),
+            })?;
         match config.rail_source.name.as_str() {
             super::HOST_LLDP | super::INTERFACE_NAME => {}
-            "xplane" => bail!(
-                "{}: railSource xplane is not supported (no API gives host PCI identity yet)",
-                path.display()
-            ),
-            other => bail!(
-                "{}: unknown railSource {other:?} (one of {:?})",
-                path.display(),
-                super::RAIL_SOURCES
-            ),
+            "xplane" => {
+                return Err(ConfigError::Xplane {
+                    path: path.to_path_buf(),
+                })
+            }
+            other => {
+                return Err(ConfigError::UnknownSource {
+                    path: path.to_path_buf(),
+                    name: other.to_string(),
+                })
+            }
         }
         Ok(config)
     }
@@ -136,7 +186,7 @@ impl RailConfig {
     /// Reads and parses a config file, refusing one larger than a
     /// ConfigMap can hold ([`MAX_CONFIG_BYTES`]), or a pipe not written to
     /// its end within `wait`.
-    pub fn read(path: &Path, wait: std::time::Duration) -> Result<RailConfig> {
+    pub fn read(path: &Path, wait: std::time::Duration) -> Result<RailConfig, ConfigError> {
         let text = crate::input::read_text(
             path,
             MAX_CONFIG_BYTES,

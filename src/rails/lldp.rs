@@ -8,18 +8,82 @@
 //! verbose `-f json0` form (every value a list, the name in a `name` field)
 //! is read too.
 
-use anyhow::{bail, Context, Result};
+use super::answers::{Answer, Origin, Output};
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::Path;
+
+/// Why an LLDP answer names no interfaces; each says which answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LldpError {
+    /// lldpctl is not installed on the node.
+    #[error("running lldpctl: not found (is lldpd's client installed and on PATH?)")]
+    NotInstalled,
+    /// The tool or file gave no text; the reason as the read reported it.
+    #[error("{0}")]
+    Unreadable(String),
+    /// The text is not JSON.
+    #[error("{}: {cause}", not_json(origin))]
+    NotJson {
+        /// The command or file.
+        origin: Origin,
+        /// The JSON parser's words.
+        cause: String,
+    },
+    /// JSON, but not lldpctl's neighbour table (in the message, not a
+    /// `source`, so an error chain prints it once).
+    #[error("reading the LLDP neighbour table: {0}")]
+    Table(TableError),
+}
+
+/// How a text that is not JSON is named: by the command that printed it, or the file.
+fn not_json(origin: &Origin) -> String {
+    match origin {
+        Origin::Command(cmd) => format!("{cmd} printed something that is not JSON"),
+        Origin::File(path) => format!("{path} is not JSON"),
+    }
+}
+
+/// JSON that is not an lldpctl neighbour table, saying where the shape breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// No `lldp` key at the top.
+    #[error("no `lldp` key: not lldpctl -f json output")]
+    NoLldpKey,
+    /// `lldp` is something else.
+    #[error("`lldp` is neither an object nor a one-element list: {0}")]
+    LldpShape(String),
+    /// `interface` is something else.
+    #[error("`interface` is neither an object nor a list: {0}")]
+    InterfaceShape(String),
+    /// An `interface` list entry is not an object.
+    #[error("an `interface` list entry is not an object: {0}")]
+    EntryNotObject(String),
+    /// An `interface` list entry names more or fewer than one interface.
+    #[error("an `interface` list entry has {0} keys, expected one interface name")]
+    EntryKeys(usize),
+}
+
+/// The interfaces with a neighbour in an LLDP answer, or why it names none.
+pub fn neighbours(answer: &Answer) -> Result<BTreeSet<String>, LldpError> {
+    let text = match &answer.output {
+        Output::Printed(t) => t,
+        Output::NotInstalled => return Err(LldpError::NotInstalled),
+        Output::Failed(why) => return Err(LldpError::Unreadable(why.clone())),
+    };
+    let json: Value = serde_json::from_str(text).map_err(|e| LldpError::NotJson {
+        origin: answer.origin.clone(),
+        cause: e.to_string(),
+    })?;
+    interfaces(&json).map_err(LldpError::Table)
+}
 
 /// The local interface names that have at least one LLDP neighbour, sorted.
-pub fn interfaces(json: &Value) -> Result<BTreeSet<String>> {
+pub fn interfaces(json: &Value) -> Result<BTreeSet<String>, TableError> {
     let lldp = match json.get("lldp") {
         Some(Value::Array(a)) if a.len() == 1 => &a[0], // json0
         Some(v @ Value::Object(_)) => v,
-        Some(other) => bail!("`lldp` is neither an object nor a one-element list: {other}"),
-        None => bail!("no `lldp` key: not lldpctl -f json output"),
+        Some(other) => return Err(TableError::LldpShape(other.to_string())),
+        None => return Err(TableError::NoLldpKey),
     };
     let mut out = BTreeSet::new();
     match lldp.get("interface") {
@@ -34,21 +98,18 @@ pub fn interfaces(json: &Value) -> Result<BTreeSet<String>> {
         Some(Value::Array(items)) => {
             for item in items {
                 let Value::Object(map) = item else {
-                    bail!("an `interface` list entry is not an object: {item}");
+                    return Err(TableError::EntryNotObject(item.to_string()));
                 };
                 if let Some(name) = json0_name(map) {
                     out.insert(name);
                 } else if map.len() == 1 {
                     out.extend(map.keys().cloned());
                 } else {
-                    bail!(
-                        "an `interface` list entry has {} keys, expected one interface name",
-                        map.len()
-                    );
+                    return Err(TableError::EntryKeys(map.len()));
                 }
             }
         }
-        Some(other) => bail!("`interface` is neither an object nor a list: {other}"),
+        Some(other) => return Err(TableError::InterfaceShape(other.to_string())),
     }
     Ok(out)
 }
@@ -60,24 +121,4 @@ fn json0_name(map: &serde_json::Map<String, Value>) -> Option<String> {
         Value::Array(a) => a.first()?.get("value")?.as_str().map(str::to_string),
         _ => None,
     }
-}
-
-/// Runs `lldpctl -f json` (against `socket` when given) and parses it; a
-/// daemon that does not answer within `timeout` fails the pass, never hangs it.
-pub fn run_lldpctl(socket: Option<&Path>, timeout: std::time::Duration) -> Result<Value> {
-    let socket_arg = socket.map(|s| s.to_string_lossy().into_owned());
-    let mut args = Vec::new();
-    if let Some(s) = &socket_arg {
-        args.extend(["-u", s.as_str()]);
-    }
-    args.extend(["-f", "json"]);
-    let out = crate::tool::output_if_installed(Path::new("lldpctl"), &args, timeout)
-        .map_err(anyhow::Error::msg)?
-        .context("running lldpctl: not found (is lldpd's client installed and on PATH?)")?;
-    serde_json::from_str(&out).context("lldpctl printed something that is not JSON")
-}
-
-/// Parses saved `lldpctl -f json` output read from `path`.
-pub fn parse_json(text: &str, path: &Path) -> Result<Value> {
-    serde_json::from_str(text).with_context(|| format!("{} is not JSON", path.display()))
 }

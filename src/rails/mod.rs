@@ -8,7 +8,12 @@
 //! expression; GPU-to-NIC path classes come from `nvidia-smi topo -m` where
 //! it is present, and from the node record's PCIe walk otherwise (and always
 //! for non-NVIDIA accelerators).
+//!
+//! [`build`] is a pure function of the node record, the [`Inputs`] the node
+//! read for it ([`crate::discover::rail_inputs`]) and the [`Options`]: it
+//! reads nothing itself, so a capture replays to the same record.
 
+pub mod answers;
 pub mod config;
 pub mod lldp;
 pub mod nvsmi;
@@ -17,13 +22,12 @@ pub mod topo;
 
 use crate::pci::{self, Distance};
 use crate::record::{Interface, LinkState, NodeRecord};
-use crate::sysfs::{self, SysRoot};
-use anyhow::{bail, Context, Result};
+use answers::{DeviceLink, Output};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
+pub use answers::{Inputs, RailAnswers};
 pub use select::{GpuPaths, RailNic, SelectError};
 
 /// The record format's version; bumped on any incompatible change.
@@ -111,82 +115,116 @@ impl std::fmt::Display for GpuSource {
     }
 }
 
-/// Where the LLDP neighbour table comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LldpInput {
-    /// Run `lldpctl -f json`, against this socket when given.
-    Lldpctl(Option<PathBuf>),
-    /// A saved `lldpctl -f json` output.
-    File(PathBuf),
-}
-
-/// Where NVIDIA path classes come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NvidiaInput {
-    /// Run this `nvidia-smi` (or the one on PATH); its absence means sysfs.
-    Command(Option<PathBuf>),
-    /// Saved `--query-gpu=index,uuid,pci.bus_id --format=csv,noheader` and `topo -m` outputs.
-    Files {
-        /// The query CSV.
-        query: PathBuf,
-        /// The matrix.
-        topo: PathBuf,
-    },
-    /// Ignore nvidia-smi; use the PCIe walk for every GPU.
-    Sysfs,
-}
-
 /// Which rail source finds the rail ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RailInput {
-    /// `host-lldp`: interfaces with an LLDP neighbour, from this input.
-    HostLldp(LldpInput),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortSource {
+    /// `host-lldp`: interfaces with an LLDP neighbour.
+    HostLldp,
     /// `interface-name`: every port of the node record whose netdev or RDMA
     /// device name matches, no neighbour needed.
     InterfaceName,
 }
 
-impl RailInput {
-    /// The source's name as the record spells it.
-    pub fn name(&self) -> &'static str {
+impl PortSource {
+    /// The source's name as the record and `--rail-source` spell it.
+    pub fn name(self) -> &'static str {
         match self {
-            RailInput::HostLldp(_) => HOST_LLDP,
-            RailInput::InterfaceName => INTERFACE_NAME,
+            PortSource::HostLldp => HOST_LLDP,
+            PortSource::InterfaceName => INTERFACE_NAME,
         }
     }
 }
 
-/// Everything a rail pass needs besides the node record.
+/// How rail ports are picked and named: everything a rail pass needs
+/// besides the node record and what was read.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The rail source.
-    pub source: RailInput,
+    pub source: PortSource,
     /// Rail ports (interface names; with `interface-name` also RDMA device
     /// names); capture groups feed the template.
     pub interface_regex: Regex,
     /// The rail ID template, `$1`-style (`rail$1`).
     pub rail_id: String,
-    /// The NVIDIA input.
-    pub nvidia: NvidiaInput,
     /// The Node object's UID, if known.
     pub node_uid: String,
-    /// How long `nvidia-smi` and `lldpctl` may run before they are killed.
-    pub timeout: std::time::Duration,
 }
 
-/// Builds the rail record for a node.
-pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<RailRecord> {
-    let nic_rails = match &opts.source {
-        RailInput::HostLldp(input) => {
-            let lldp_json = match input {
-                LldpInput::Lldpctl(socket) => lldp::run_lldpctl(socket.as_deref(), opts.timeout)?,
-                LldpInput::File(path) => lldp::parse_json(&read_text(path, opts.timeout)?, path)?,
-            };
-            let ifaces =
-                lldp::interfaces(&lldp_json).context("reading the LLDP neighbour table")?;
-            nic_rails(root, record, &ifaces, &opts.interface_regex, &opts.rail_id)?
+/// Why no rail record could be built; each names the input, rail or GPU at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RailError {
+    /// The LLDP answer names no interfaces (unreadable, not JSON, not a neighbour table).
+    #[error(transparent)]
+    Lldp(#[from] lldp::LldpError),
+    /// The `host-lldp` source, and no LLDP answer was read.
+    #[error("no LLDP neighbour table was read (a capture taken without one?)")]
+    NoLldp,
+    /// A rail port's name expands the rail template to nothing.
+    #[error("interface {name}: rail template {template:?} expands to an empty rail ID")]
+    EmptyRailId {
+        /// The port's name.
+        name: String,
+        /// The template.
+        template: String,
+    },
+    /// A `host-lldp` rail port whose `device` link is no PCI function.
+    #[error("rail {rail}: interface {interface} has no PCI device: {why}")]
+    InterfaceWithoutPci {
+        /// The rail.
+        rail: String,
+        /// The interface.
+        interface: String,
+        /// Why the link does not lead to one.
+        why: String,
+    },
+    /// An `interface-name` rail port the record knows on a bus without PCI addresses.
+    #[error("rail {rail}: port {port} has no PCI device (bus {bus})")]
+    PortWithoutPci {
+        /// The rail.
+        rail: String,
+        /// The port's name.
+        port: String,
+        /// Its bus.
+        bus: String,
+    },
+    /// An nvidia-smi answer is unreadable; its reason word for word.
+    #[error("{0}")]
+    NvidiaUnreadable(String),
+    /// An nvidia-smi answer does not parse.
+    #[error(transparent)]
+    NvidiaParse(#[from] nvsmi::ParseError),
+    /// A GPU of `--query-gpu` that `topo -m` does not list.
+    #[error("GPU{index} ({pci_bus_id}) is in --query-gpu but has no row in topo -m")]
+    NoTopoRow {
+        /// nvidia-smi's index.
+        index: u32,
+        /// The GPU's PCI address.
+        pci_bus_id: String,
+    },
+    /// No selection could be made.
+    #[error(transparent)]
+    Select(#[from] SelectError),
+}
+
+/// Builds the rail record for a node from what was read for it.
+pub fn build(
+    record: &NodeRecord,
+    inputs: &Inputs,
+    opts: &Options,
+) -> Result<RailRecord, RailError> {
+    let nic_rails = match opts.source {
+        PortSource::HostLldp => {
+            let answer = inputs.answers.lldp.as_ref().ok_or(RailError::NoLldp)?;
+            let ifaces = lldp::neighbours(answer)?;
+            nic_rails(
+                record,
+                &ifaces,
+                &inputs.netdev_pci,
+                &opts.interface_regex,
+                &opts.rail_id,
+            )?
         }
-        RailInput::InterfaceName => named_rails(record, &opts.interface_regex, &opts.rail_id)?,
+        PortSource::InterfaceName => named_rails(record, &opts.interface_regex, &opts.rail_id)?,
     };
     let mut out = RailRecord {
         version: RECORD_VERSION.into(),
@@ -201,20 +239,20 @@ pub fn build(root: &SysRoot, record: &NodeRecord, opts: &Options) -> Result<Rail
     if nic_rails.is_empty() {
         return Ok(out); // an empty rail result is a valid, empty record
     }
-    let gpus = gpu_paths(root, record, &nic_rails, &opts.nvidia, opts.timeout)?;
+    let gpus = gpu_paths(record, &nic_rails, inputs)?;
     out.gpus = select::select(&nic_rails, &gpus)?;
     Ok(out)
 }
 
 /// NIC PCI address → its rails, NUMA node and link, for every interface
 /// with a neighbour (`ifaces`) matching `re` (the `host-lldp` source).
-pub fn nic_rails(
-    root: &SysRoot,
+fn nic_rails(
     record: &NodeRecord,
     ifaces: &BTreeSet<String>,
+    netdev_pci: &BTreeMap<String, DeviceLink>,
     re: &Regex,
     template: &str,
-) -> Result<BTreeMap<String, RailNic>> {
+) -> Result<BTreeMap<String, RailNic>, RailError> {
     // The record's view of each port (NUMA node, link), by netdev name.
     let endpoints = record.endpoints();
     let by_name: BTreeMap<&str, (&Interface, Option<&Interface>)> = endpoints
@@ -226,8 +264,23 @@ pub fn nic_rails(
         let Some(rail) = rail_id(re, template, iface)? else {
             continue;
         };
-        let pci = device_pci(root, &format!("class/net/{iface}/device"))
-            .with_context(|| format!("rail {rail}: interface {iface} has no PCI device"))?;
+        let pci = match netdev_pci.get(iface) {
+            Some(DeviceLink::Pci(pci)) => pci.clone(),
+            Some(DeviceLink::Unresolved(why)) => {
+                return Err(RailError::InterfaceWithoutPci {
+                    rail,
+                    interface: iface.clone(),
+                    why: why.clone(),
+                })
+            }
+            None => {
+                return Err(RailError::InterfaceWithoutPci {
+                    rail,
+                    interface: iface.clone(),
+                    why: format!("class/net/{iface}/device was not read"),
+                })
+            }
+        };
         add_port(&mut out, pci, rail, by_name.get(iface.as_str()).copied());
     }
     Ok(out)
@@ -235,11 +288,11 @@ pub fn nic_rails(
 
 /// The same map for every top-level port of the record whose netdev name,
 /// else RDMA device name, matches `re` (the `interface-name` source).
-pub fn named_rails(
+fn named_rails(
     record: &NodeRecord,
     re: &Regex,
     template: &str,
-) -> Result<BTreeMap<String, RailNic>> {
+) -> Result<BTreeMap<String, RailNic>, RailError> {
     let mut out: BTreeMap<String, RailNic> = BTreeMap::new();
     for iface in &record.spec.interfaces {
         let mut rail = None;
@@ -251,10 +304,11 @@ pub fn named_rails(
         }
         let Some((name, rail)) = rail else { continue };
         let Some(pci) = iface.pci_bus_id.clone() else {
-            bail!(
-                "rail {rail}: port {name} has no PCI device (bus {})",
-                iface.bus
-            );
+            return Err(RailError::PortWithoutPci {
+                rail,
+                port: name.clone(),
+                bus: iface.bus.clone(),
+            });
         };
         add_port(&mut out, pci, rail, Some((iface, None)));
     }
@@ -262,14 +316,17 @@ pub fn named_rails(
 }
 
 /// The rail ID `template` expands to for `name`, `None` when `re` does not match.
-fn rail_id(re: &Regex, template: &str, name: &str) -> Result<Option<String>> {
+fn rail_id(re: &Regex, template: &str, name: &str) -> Result<Option<String>, RailError> {
     let Some(caps) = re.captures(name) else {
         return Ok(None);
     };
     let mut rail = String::new();
     caps.expand(template, &mut rail);
     if rail.is_empty() {
-        bail!("interface {name}: rail template {template:?} expands to an empty rail ID");
+        return Err(RailError::EmptyRailId {
+            name: name.to_string(),
+            template: template.to_string(),
+        });
     }
     Ok(Some(rail))
 }
@@ -294,24 +351,13 @@ fn add_port(
     }
 }
 
-/// The normalised PCI address a sysfs `device` link points at.
-fn device_pci(root: &SysRoot, link: &str) -> Result<String> {
-    let target = root
-        .resolve(link)
-        .with_context(|| format!("resolving {link}"))?;
-    let name = sysfs::basename(&target);
-    pci::normalize(name).with_context(|| format!("{link} points at {target}, not a PCI device"))
-}
-
-/// Every GPU's paths to NICs, from nvidia-smi where present and the PCIe walk otherwise.
+/// Every GPU's paths to NICs, from nvidia-smi where it answered and the PCIe walk otherwise.
 fn gpu_paths(
-    root: &SysRoot,
     record: &NodeRecord,
     nic_rails: &BTreeMap<String, RailNic>,
-    input: &NvidiaInput,
-    timeout: std::time::Duration,
-) -> Result<Vec<GpuPaths>> {
-    let smi = nvidia_smi_view(root, record, input, timeout)?;
+    inputs: &Inputs,
+) -> Result<Vec<GpuPaths>, RailError> {
+    let smi = nvidia_smi_view(record, inputs)?;
     let covered: BTreeSet<String> = smi.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut out = smi;
     // Each rail NIC placed on the bus once, each accelerator once below.
@@ -350,64 +396,41 @@ fn gpu_paths(
 }
 
 /// The GPUs nvidia-smi reports, with paths keyed by NIC PCI address; empty
-/// when nvidia-smi is not used or not installed.
-fn nvidia_smi_view(
-    root: &SysRoot,
-    record: &NodeRecord,
-    input: &NvidiaInput,
-    timeout: std::time::Duration,
-) -> Result<Vec<GpuPaths>> {
-    let (query, topo, origins) = match input {
-        NvidiaInput::Sysfs => return Ok(Vec::new()),
-        NvidiaInput::Files { query, topo } => (
-            read_text(query, timeout)?,
-            read_text(topo, timeout)?,
-            (query.display().to_string(), topo.display().to_string()),
-        ),
-        NvidiaInput::Command(bin) => {
-            let has_nvidia = record
-                .accelerators()
-                .any(|a| a.manufacturer == crate::record::Vendor::Nvidia);
-            if bin.is_none() && !has_nvidia {
-                return Ok(Vec::new());
-            }
-            let bin = bin.clone().unwrap_or_else(|| PathBuf::from("nvidia-smi"));
-            let Some(query) = run_nvidia_smi(
-                &bin,
-                &["--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"],
-                timeout,
-            )?
-            else {
-                tracing::info!(
-                    "{} not found: GPU paths come from the PCIe walk",
-                    bin.display()
-                );
-                return Ok(Vec::new());
-            };
-            let topo = run_nvidia_smi(&bin, &["topo", "-m"], timeout)?.unwrap_or_default();
-            let name = bin.display();
-            (
-                query,
-                topo,
-                (format!("{name} --query-gpu"), format!("{name} topo -m")),
-            )
-        }
+/// when nvidia-smi was not asked or is not installed.
+fn nvidia_smi_view(record: &NodeRecord, inputs: &Inputs) -> Result<Vec<GpuPaths>, RailError> {
+    let Some(nvidia) = &inputs.answers.nvidia else {
+        return Ok(Vec::new());
     };
-    let ids = nvsmi::parse_query(&query, &origins.0)?;
-    let topo = topo::parse_topo(&topo, &origins.1)?;
+    let query = match &nvidia.query.output {
+        Output::Printed(text) => text,
+        Output::NotInstalled => return Ok(Vec::new()),
+        Output::Failed(why) => return Err(RailError::NvidiaUnreadable(why.clone())),
+    };
+    // A tool gone between its two runs prints nothing: refused below as no header.
+    let (topo, topo_origin) = match &nvidia.topo {
+        Some(a) => match &a.output {
+            Output::Printed(text) => (text.as_str(), a.origin.name()),
+            Output::NotInstalled => ("", a.origin.name()),
+            Output::Failed(why) => return Err(RailError::NvidiaUnreadable(why.clone())),
+        },
+        None => ("", "topo -m"),
+    };
+    let ids = nvsmi::parse_query(query, nvidia.query.origin.name())?;
+    let topo = topo::parse_topo(topo, topo_origin)?;
     let mut out = Vec::new();
     for id in ids {
-        let row = topo.gpu_to_nic.get(&id.index).with_context(|| {
-            format!(
-                "GPU{} ({}) is in --query-gpu but has no row in topo -m",
-                id.index, id.pci_bus_id
-            )
-        })?;
+        let row = topo
+            .gpu_to_nic
+            .get(&id.index)
+            .ok_or_else(|| RailError::NoTopoRow {
+                index: id.index,
+                pci_bus_id: id.pci_bus_id.clone(),
+            })?;
         let mut paths = BTreeMap::new();
         for (nic, class) in row {
             // A NIC alias that does not resolve is on no discovered rail either: ignored.
-            if let Ok(pci) = device_pci(root, &format!("class/infiniband/{nic}/device")) {
-                paths.insert(pci, class.clone());
+            if let Some(DeviceLink::Pci(pci)) = inputs.rdma_pci.get(nic) {
+                paths.insert(pci.clone(), class.clone());
             }
         }
         // topo -m's NUMA Affinity, else the kernel's numa_node for the GPU.
@@ -428,31 +451,9 @@ fn nvidia_smi_view(
     Ok(out)
 }
 
-/// The most a saved nvidia-smi output may hold: a 64-GPU, 64-NIC matrix is
-/// under 64 KiB, so anything near this is not one.
+/// The most a saved nvidia-smi or lldpctl output may hold: a 64-GPU, 64-NIC
+/// matrix is under 64 KiB, so anything near this is not one.
 pub const MAX_SAVED_OUTPUT: u64 = 4 << 20;
-
-/// Reads a saved nvidia-smi or lldpctl output (a file, or a pipe such as a
-/// shell's `<(…)` written to its end within `wait`), refusing one over
-/// [`MAX_SAVED_OUTPUT`] or not UTF-8, naming the path.
-fn read_text(path: &std::path::Path, wait: std::time::Duration) -> Result<String> {
-    Ok(crate::input::read_text(
-        path,
-        MAX_SAVED_OUTPUT,
-        "a saved tool output",
-        crate::input::Pipes::Wait(wait),
-    )?)
-}
-
-/// Runs nvidia-smi with the pass's tool timeout; `Ok(None)` when the binary
-/// does not exist.
-fn run_nvidia_smi(
-    bin: &std::path::Path,
-    args: &[&str],
-    timeout: std::time::Duration,
-) -> Result<Option<String>> {
-    crate::tool::output_if_installed(bin, args, timeout).map_err(anyhow::Error::msg)
-}
 
 /// The record as published: JSON with every object's keys sorted, and a trailing newline.
 pub fn to_bytes(record: &RailRecord) -> Vec<u8> {
@@ -461,4 +462,190 @@ pub fn to_bytes(record: &RailRecord) -> Vec<u8> {
     let mut s = serde_json::to_string_pretty(&value).expect("value serialises");
     s.push('\n');
     s.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`build`] from hand-made inputs: no tree, no tool, no file.
+    use super::answers::{Answer, NvidiaAnswers, Origin, Output};
+    use super::*;
+    use serde_json::json;
+
+    /// GPU 0000:12:00.0 behind switch 0000:11:00.0 with rail NIC eth_r0_p0
+    /// (mlx5_0, 0000:13:00.0); eth_r1_p0 (mlx5_1, 0000:23:00.0) behind
+    /// another root port on the same NUMA node.
+    fn record() -> NodeRecord {
+        let nic = |name: &str, rdma: &str, pci: &str, switches: [&str; 3]| {
+            json!({"name": name, "bus": "pci", "pciBusId": pci, "numa": 0, "up": true,
+                   "virtual": false, "rdma": true, "rdmaDevice": rdma, "physicalFunction": false,
+                   "virtualFunctionsConfigured": 0, "topology": {"pciSwitches": switches}})
+        };
+        serde_json::from_value(json!({"version": 1, "spec": {
+            "interfaces": [
+                nic("eth_r0_p0", "mlx5_0", "0000:13:00.0", ["0000:11:00.0", "0000:10:00.0", "0000:00:01.0"]),
+                nic("eth_r1_p0", "mlx5_1", "0000:23:00.0", ["0000:21:00.0", "0000:20:00.0", "0000:00:02.0"]),
+            ],
+            "groups": [{"manufacturer": "nvidia", "accelerators": [{
+                "id": "0", "manufacturer": "nvidia", "pciId": "10de:2330",
+                "pciBusId": "0000:12:00.0", "numa": 0,
+                "topology": {"pciSwitches": ["0000:11:00.0", "0000:10:00.0", "0000:00:01.0"]}}]}]
+        }}))
+        .unwrap()
+    }
+
+    fn options(source: PortSource, re: &str) -> Options {
+        Options {
+            source,
+            interface_regex: Regex::new(re).unwrap(),
+            rail_id: "rail$1".into(),
+            node_uid: "uid-1".into(),
+        }
+    }
+
+    /// LLDP neighbours eth_r0_p0, eth_r1_p0 and eno1, and their device links.
+    fn lldp_inputs() -> Inputs {
+        let table =
+            json!({"lldp": {"interface": [{"eth_r0_p0": {}}, {"eth_r1_p0": {}}, {"eno1": {}}]}});
+        let mut inputs = Inputs::default();
+        inputs.answers.lldp = Some(Answer::printed(
+            Origin::Command("lldpctl".into()),
+            table.to_string(),
+        ));
+        for (name, pci) in [
+            ("eth_r0_p0", "0000:13:00.0"),
+            ("eth_r1_p0", "0000:23:00.0"),
+            ("eno1", "0000:00:1f.6"),
+        ] {
+            inputs
+                .netdev_pci
+                .insert(name.into(), DeviceLink::Pci(pci.into()));
+        }
+        inputs
+    }
+
+    const RAILS: &str = "^eth_r([0-9]+)_p[0-9]+$";
+
+    #[test]
+    fn host_lldp_rails_with_the_pcie_walk_from_answers_alone() {
+        let r = build(
+            &record(),
+            &lldp_inputs(),
+            &options(PortSource::HostLldp, RAILS),
+        )
+        .unwrap();
+        assert_eq!(r.rail_source, "host-lldp");
+        assert_eq!(r.node_uid, "uid-1");
+        assert_eq!(
+            r.nics.keys().collect::<Vec<_>>(),
+            ["0000:13:00.0", "0000:23:00.0"]
+        );
+        let gpu = &r.gpus[0];
+        assert_eq!((gpu.source, gpu.uuid.as_deref()), (GpuSource::Sysfs, None));
+        assert_eq!(gpu.rails["rail0"].path_class, Distance::Pix);
+        assert_eq!(gpu.rails["rail0"].nics, ["0000:13:00.0"]);
+    }
+
+    #[test]
+    fn nvidia_answers_give_the_classes_and_an_unresolved_nic_is_on_no_rail() {
+        let topo = "\tGPU0\tNIC0\tNIC1\tNIC2\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n\
+                    GPU0\t X \tPXB\tNODE\tPIX\t0-19\t0\t\tN/A\n\
+                    NIC0\tPXB\t X \tNODE\tPIX\t\t\t\t\n\
+                    NIC1\tNODE\tNODE\t X \tNODE\t\t\t\t\n\
+                    NIC2\tPIX\tPIX\tNODE\t X \t\t\t\t\n\
+                    \nNIC Legend:\n\n  NIC0: mlx5_0\n  NIC1: mlx5_1\n  NIC2: mlx5_9\n";
+        let mut inputs = lldp_inputs();
+        inputs.answers.nvidia = Some(NvidiaAnswers {
+            query: Answer::printed(
+                Origin::File("q.csv".into()),
+                "0, GPU-00000000-1111-2222-3333-444444444444, 00000000:12:00.0\n",
+            ),
+            topo: Some(Answer::printed(Origin::File("t.txt".into()), topo)),
+        });
+        for (nic, link) in [
+            ("mlx5_0", DeviceLink::Pci("0000:13:00.0".into())),
+            ("mlx5_1", DeviceLink::Pci("0000:23:00.0".into())),
+            ("mlx5_9", DeviceLink::Unresolved("gone".into())),
+        ] {
+            inputs.rdma_pci.insert(nic.into(), link);
+        }
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap();
+        let gpu = &r.gpus[0];
+        assert_eq!(gpu.source, GpuSource::NvidiaSmi);
+        assert_eq!(
+            gpu.uuid.as_deref(),
+            Some("GPU-00000000-1111-2222-3333-444444444444")
+        );
+        // The matrix's PXB, not the walk's PIX; mlx5_9's PIX reaches no rail NIC.
+        assert_eq!(gpu.rails["rail0"].path_class, Distance::Pxb);
+        assert_eq!(gpu.rails["rail1"].path_class, Distance::Node);
+
+        // A topo -m that failed fails the record, in the tool's words.
+        inputs.answers.nvidia.as_mut().unwrap().topo = Some(Answer::failed(
+            Origin::Command("nvidia-smi topo -m".into()),
+            "nvidia-smi topo -m exited with exit status: 9: no",
+        ));
+        let err = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "nvidia-smi topo -m exited with exit status: 9: no"
+        );
+        // nvidia-smi not installed: the walk for every GPU.
+        inputs.answers.nvidia.as_mut().unwrap().query.output = Output::NotInstalled;
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, RAILS)).unwrap();
+        assert_eq!(r.gpus[0].source, GpuSource::Sysfs);
+    }
+
+    #[test]
+    fn each_lldp_failure_is_named_and_no_rails_asks_no_gpu_answer() {
+        let opts = options(PortSource::HostLldp, RAILS);
+        let mut inputs = lldp_inputs();
+        inputs.answers.lldp.as_mut().unwrap().output = Output::NotInstalled;
+        let err = build(&record(), &inputs, &opts).unwrap_err();
+        assert!(
+            err.to_string().contains("running lldpctl: not found"),
+            "{err}"
+        );
+        inputs.answers.lldp = Some(Answer::printed(Origin::File("/x/l.json".into()), "{"));
+        let err = build(&record(), &inputs, &opts).unwrap_err();
+        assert!(
+            err.to_string().starts_with("/x/l.json is not JSON: "),
+            "{err}"
+        );
+        inputs.answers.lldp = None;
+        assert_eq!(
+            build(&record(), &inputs, &opts).unwrap_err(),
+            RailError::NoLldp
+        );
+        // A rail port whose device link did not resolve is named with its reason.
+        let mut inputs = lldp_inputs();
+        inputs.netdev_pci.insert(
+            "eth_r1_p0".into(),
+            DeviceLink::Unresolved("resolving class/net/eth_r1_p0/device: gone".into()),
+        );
+        assert_eq!(
+            build(&record(), &inputs, &opts).unwrap_err().to_string(),
+            "rail rail1: interface eth_r1_p0 has no PCI device: resolving class/net/eth_r1_p0/device: gone"
+        );
+        // No rail port matches: an empty record, whatever nvidia-smi said.
+        let mut inputs = lldp_inputs();
+        inputs.answers.nvidia = Some(NvidiaAnswers {
+            query: Answer::failed(Origin::Command("nvidia-smi --query-gpu".into()), "broken"),
+            topo: None,
+        });
+        let r = build(&record(), &inputs, &options(PortSource::HostLldp, "^ib")).unwrap();
+        assert!(r.nics.is_empty() && r.gpus.is_empty());
+    }
+
+    #[test]
+    fn interface_name_needs_no_lldp_answer() {
+        let r = build(
+            &record(),
+            &Inputs::default(),
+            &options(PortSource::InterfaceName, "^mlx5_([0-9]+)$"),
+        )
+        .unwrap();
+        assert_eq!(r.rail_source, "interface-name");
+        assert_eq!(r.nics["0000:23:00.0"], ["rail1"]);
+        assert_eq!(r.gpus[0].rails["rail0"].nics, ["0000:13:00.0"]);
+    }
 }

@@ -1110,3 +1110,316 @@ fn host_lldp_ports_take_their_link_state_from_the_node_record() {
         json!({"pathClass": "PIX", "nics": ["0000:33:00.0"], "down": ["0000:33:00.0"]})
     );
 }
+
+// ---- capture and replay -------------------------------------------------------
+// A capture stores the rail answers (vendor/rails.json) beside the sysfs
+// entries the rail read resolved, so `rails` on its replay builds the same
+// record with no lldpd, GPU, nvidia-smi or saved file in reach.
+
+/// `nodefabric --sysfs-root ROOT ARGS` with `PATH` set to `path`.
+fn at(root: &Path, path: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .arg("--sysfs-root")
+        .arg(root)
+        .args(args)
+        .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
+        .env("PATH", path)
+        .output()
+        .unwrap()
+}
+
+/// A folder holding an `lldpctl` that prints `lldp` and an `nvidia-smi`
+/// that prints the 8-GPU query and `topo`, as the tools would.
+fn fake_tools(dir: &Path, lldp: &Path, topo: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let script = |name: &str, body: String| {
+        let p = bin.join(name);
+        fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script("lldpctl", format!("exec /bin/cat '{}'\n", lldp.display()));
+    let query = data("nvsmi/query-8gpu.csv");
+    script(
+        "nvidia-smi",
+        format!(
+            "case \"$1\" in topo) exec /bin/cat '{}';; *) exec /bin/cat '{}';; esac\n",
+            topo.display(),
+            query.display()
+        ),
+    );
+    bin
+}
+
+/// The member names of a capture.
+fn archive_members(archive: &Path) -> Vec<String> {
+    let gz = flate2::read::GzDecoder::new(fs::File::open(archive).unwrap());
+    tar::Archive::new(gz)
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The archive again without `vendor/rails.json`: one from before captures held it.
+fn without_rail_answers(archive: &Path, out: &Path) {
+    let gz = flate2::read::GzDecoder::new(fs::File::open(archive).unwrap());
+    let mut input = tar::Archive::new(gz);
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for e in input.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().as_os_str() == "vendor/rails.json" {
+            continue;
+        }
+        let mut h = e.header().clone();
+        let path = e.path().unwrap().into_owned();
+        match e.header().entry_type() {
+            tar::EntryType::Symlink => {
+                let target = e.link_name().unwrap().unwrap().into_owned();
+                tar.append_link(&mut h, &path, &target).unwrap();
+            }
+            _ => tar.append_data(&mut h, &path, &mut e).unwrap(),
+        }
+    }
+    fs::write(out, tar.into_inner().unwrap().finish().unwrap()).unwrap();
+}
+
+#[test]
+fn a_capture_replays_the_rail_record_byte_for_byte_from_every_input() {
+    let n = Node::new();
+    let lldp = n.lldp(&ALL_RAIL_PORTS);
+    let topo = data("nvsmi/topo-8gpu-10nic.txt");
+    let q = data("nvsmi/query-8gpu.csv");
+    let tools = fake_tools(&n.dir, &lldp, &topo);
+    let none = Path::new("/nonexistent");
+    let (lldp_s, q_s, topo_s) = (
+        lldp.to_str().unwrap(),
+        q.to_str().unwrap(),
+        topo.to_str().unwrap(),
+    );
+    let rails = [
+        "rails",
+        "--interface-regex",
+        "^eth_r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+    ];
+    let by_rdma = [
+        "rails",
+        "--rail-source",
+        "interface-name",
+        "--interface-regex",
+        "^mlx5_([0-9]+)$",
+        "--rail-id",
+        "rail$1",
+    ];
+    // (name, the rail inputs named live and at capture, PATH, the rail flags).
+    let cases: [(&str, Vec<&str>, &Path, &[&str]); 5] = [
+        (
+            "lldp file, sysfs paths",
+            vec!["--lldp-json", lldp_s, "--sysfs-paths"],
+            none,
+            &rails,
+        ),
+        (
+            "lldp file, nvidia-smi files",
+            vec![
+                "--lldp-json",
+                lldp_s,
+                "--gpu-query-file",
+                q_s,
+                "--topo-file",
+                topo_s,
+            ],
+            none,
+            &rails,
+        ),
+        ("lldpctl, nvidia-smi run", vec![], &tools, &rails),
+        (
+            "lldpctl, sysfs paths",
+            vec!["--sysfs-paths"],
+            &tools,
+            &rails,
+        ),
+        ("interface names, nvidia-smi run", vec![], &tools, &by_rdma),
+    ];
+    let mut seen = Vec::new();
+    for (i, (name, inputs, path, flags)) in cases.iter().enumerate() {
+        let live = ok(at(&n.root, path, &[&flags[..], inputs].concat()));
+        seen.push(live.clone());
+        let archive = n.dir.join(format!("node{i}.tar.gz"));
+        let o = at(
+            &n.root,
+            path,
+            &[&["capture", "--out", archive.to_str().unwrap()][..], inputs].concat(),
+        );
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            archive_members(&archive).contains(&"vendor/rails.json".to_string()),
+            "{name}"
+        );
+        // No tool, no saved file: the captured answers speak.
+        let replayed = ok(at(&archive, none, flags));
+        assert_eq!(replayed, live, "{name}: the replay's record differs");
+        // Capturing the replay stores the same answers and entries.
+        let again = n.dir.join(format!("again{i}.tar.gz"));
+        let o = at(
+            &archive,
+            none,
+            &["capture", "--out", again.to_str().unwrap()],
+        );
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            fs::read(&archive).unwrap(),
+            fs::read(&again).unwrap(),
+            "{name}: capture of the replay differs"
+        );
+    }
+    // Each input gave its own view: the files hold what that nvidia-smi
+    // prints, and lldpctl prints the saved table.
+    assert!(seen[0].contains("\"source\": \"sysfs\""), "{}", seen[0]);
+    assert!(
+        seen[1].contains("\"source\": \"nvidia-smi\""),
+        "{}",
+        seen[1]
+    );
+    assert_eq!((&seen[2], &seen[3]), (&seen[1], &seen[0]));
+    assert!(
+        seen[4].contains("\"railSource\": \"interface-name\"")
+            && seen[4].contains("\"source\": \"nvidia-smi\""),
+        "{}",
+        seen[4]
+    );
+
+    // A rail input named on the replay's command line wins over the captured one.
+    let files = n.dir.join("node1.tar.gz");
+    assert_eq!(
+        ok(at(&files, none, &[&rails[..], &["--sysfs-paths"]].concat())),
+        seen[0]
+    );
+    let two = n.lldp(&["eth_r0_p0", "eth_r0_p1"]);
+    let narrowed = ok(at(
+        &files,
+        none,
+        &[&rails[..], &["--lldp-json", two.to_str().unwrap()]].concat(),
+    ));
+    let r: Value = serde_json::from_str(&narrowed).unwrap();
+    assert_eq!(r["nics"].as_object().unwrap().len(), 2, "{narrowed}");
+    assert_eq!(r["gpus"][0]["source"], "nvidia-smi", "{narrowed}");
+
+    // An archive without vendor/rails.json replays as before: the rail
+    // inputs are read afresh, here with no lldpctl to run.
+    let old = n.dir.join("old.tar.gz");
+    without_rail_answers(&files, &old);
+    let o = at(&old, none, &rails);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("running lldpctl"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let n2 = Node::new();
+    let lldp2 = n2.lldp(&ALL_RAIL_PORTS);
+    let given = ["--lldp-json", lldp2.to_str().unwrap(), "--sysfs-paths"];
+    assert_eq!(ok(at(&old, none, &[&rails[..], &given].concat())), seen[0]);
+}
+
+#[test]
+fn a_captured_refusal_replays_as_the_same_error() {
+    let n = Node::new();
+    let lldp = n.lldp(&ALL_RAIL_PORTS);
+    let q = data("nvsmi/query-8gpu.csv");
+    // GPU0 → NIC0 printed as a class this version does not rank.
+    let topo = n.write(
+        "topo-unknown.txt",
+        &text("nvsmi/topo-8gpu-10nic.txt").replacen("\tPIX\t", "\tC2C\t", 1),
+    );
+    let inputs = [
+        "--lldp-json",
+        lldp.to_str().unwrap(),
+        "--gpu-query-file",
+        q.to_str().unwrap(),
+        "--topo-file",
+        topo.to_str().unwrap(),
+    ];
+    let flags = flags(&lldp);
+    let rails = args(&flags[2..]);
+    let none = Path::new("/nonexistent");
+    let live = at(&n.root, none, &[&["rails"][..], &inputs, &rails].concat());
+    let archive = n.dir.join("node.tar.gz");
+    let o = at(
+        &n.root,
+        none,
+        &[
+            &["capture", "--out", archive.to_str().unwrap()][..],
+            &inputs,
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fs::remove_file(&topo).unwrap();
+    let replayed = at(&archive, none, &[&["rails"][..], &rails].concat());
+    assert_eq!(live.status.code(), Some(1));
+    assert_eq!(replayed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&live.stderr).contains("\"C2C\""));
+    assert_eq!(
+        String::from_utf8_lossy(&replayed.stderr),
+        String::from_utf8_lossy(&live.stderr)
+    );
+}
+
+#[test]
+fn a_rail_answer_file_that_is_not_one_is_refused_naming_it() {
+    let n = Node::new();
+    let archive = n.dir.join("node.tar.gz");
+    let none = Path::new("/nonexistent");
+    let o = at(
+        &n.root,
+        none,
+        &["capture", "--out", archive.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The same archive with a stranger's vendor/rails.json.
+    let unpacked = n.dir.join("unpacked");
+    let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
+    tar::Archive::new(gz).unpack(&unpacked).unwrap();
+    let rails_json = unpacked.join("vendor/rails.json");
+    let mut perms = fs::metadata(&rails_json).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    fs::set_permissions(&rails_json, perms).unwrap();
+    fs::write(
+        &rails_json,
+        "{\"lldp\": {\"origin\": {\"command\": \"lldpctl\"}, \"output\": 7}}",
+    )
+    .unwrap();
+    let bad = n.dir.join("bad.tar.gz");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    tar.follow_symlinks(false);
+    tar.append_dir_all("sysfs", unpacked.join("sysfs")).unwrap();
+    tar.append_dir_all("vendor", unpacked.join("vendor"))
+        .unwrap();
+    fs::write(&bad, tar.into_inner().unwrap().finish().unwrap()).unwrap();
+    let o = at(&bad, none, &["inventory"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(1)
+            && err.contains("vendor/rails.json")
+            && err.contains("bad.tar.gz"),
+        "{err}"
+    );
+}
