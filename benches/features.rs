@@ -331,7 +331,7 @@ fn main() {
     let missing = if absent.is_empty() {
         String::new()
     } else {
-        format!(" Not on PATH on this run, so not measured: {} (see README, \"Benchmarks\", to install them).", absent.join(", "))
+        format!(" Not on PATH on this run, so not measured: {} (see docs/benchmarking.md to install them).", absent.join(", "))
     };
     let section = format!(
         "## Discovery: `nodefabric features`\n\n\

@@ -72,7 +72,7 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub nvidia_smi_q: Option<PathBuf>,
 
-    /// Ascend fabric: the super-pod JSON file (see README, "Scale-up fabric").
+    /// Ascend fabric: the super-pod JSON file (see docs/record-and-labels.md, "Scale-up fabric").
     #[arg(long, global = true, value_name = "FILE")]
     pub ascend_fabric: Option<PathBuf>,
 

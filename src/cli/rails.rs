@@ -26,7 +26,7 @@ pub struct RailsCommand {
 #[derive(Debug, Args, Clone, Default)]
 pub struct RailArgs {
     /// YAML rail configuration: the Helm `gpuNicRailMapping` block or a whole
-    /// values file holding it (see README, "Rails"); flags win over it.
+    /// values file holding it (see docs/rails.md); flags win over it.
     #[arg(long, value_name = "FILE")]
     pub rails_config: Option<PathBuf>,
 

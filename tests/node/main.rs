@@ -10,6 +10,7 @@ mod capture;
 mod cdi;
 mod deploy;
 mod discovery;
+mod docs;
 mod fabric;
 mod faults;
 mod lldp;
