@@ -7,8 +7,8 @@
 //! | `rdma.shared` | `gpustack.ai/rdma` | [`SHARED_TOKENS`] | `mlx5_0-shared-07` |
 //! | `rdma.partitioned` | `gpustack.ai/rdma-vf` | 1 per VF | `mlx5_1` |
 
-use super::specfile::SpecReadError;
 use crate::cdi::{Device, EndpointAnnotations, Family, Spec};
+use crate::kubelet::specs::Change;
 use crate::names;
 use crate::record::LinkState;
 use std::collections::BTreeMap;
@@ -133,6 +133,22 @@ impl Catalog {
         Catalog { families }
     }
 
+    /// This catalog with each family whose spec changed replaced by the
+    /// endpoints of its new spec (none when its file is gone); a family
+    /// whose spec is unreadable is not among `changed` and keeps its
+    /// endpoints, since kubelet has checkpointed their IDs.
+    pub fn with_changes(&self, changed: &[(Family, Change)]) -> Catalog {
+        let mut catalog = self.clone();
+        for (family, change) in changed {
+            let endpoints = match change {
+                Change::Spec { path, spec } => endpoints_of(spec, path),
+                Change::Gone => Vec::new(),
+            };
+            catalog = catalog.with_family(*family, endpoints);
+        }
+        catalog
+    }
+
     /// The endpoints of one family, sorted by name.
     pub fn endpoints(&self, family: Family) -> &[Endpoint] {
         self.families.get(&family).map_or(&[], Vec::as_slice)
@@ -240,21 +256,6 @@ pub fn endpoints_of(spec: &Spec, path: &Path) -> Vec<Endpoint> {
     eps
 }
 
-/// Parses spec bytes read from `path` and checks the kind is `family`'s.
-pub fn parse(bytes: &[u8], path: &Path, family: Family) -> Result<Spec, SpecReadError> {
-    let spec: Spec = serde_json::from_slice(bytes).map_err(|e| SpecReadError::Malformed {
-        path: path.into(),
-        reason: format!("not a CDI spec: {e}"),
-    })?;
-    if spec.kind != family.kind() {
-        return Err(SpecReadError::Malformed {
-            path: path.into(),
-            reason: format!("kind is {:?}, expected {:?}", spec.kind, family.kind()),
-        });
-    }
-    Ok(spec)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +283,72 @@ mod tests {
                  annotation rdma.gpustack.ai/link is \"Broken\", expected OK, Unverified or Failed"
             )
         );
+    }
+
+    fn spec(names: &[&str], link: &str) -> String {
+        let devices: Vec<String> = names
+            .iter()
+            .map(|n| {
+                format!(
+                    r#"{{"name":"{n}","annotations":{{"rdma.gpustack.ai/rdma-device":"{n}","rdma.gpustack.ai/link":"{link}"}},"containerEdits":{{"deviceNodes":[{{"path":"/dev/infiniband/uverbs0","type":"c","major":231,"minor":192,"permissions":"rw"}}]}}}}"#
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"cdiVersion":"0.6.0","kind":"gpustack.ai/rdma","devices":[{}]}}"#,
+            devices.join(",")
+        )
+    }
+
+    fn names(c: &Catalog) -> Vec<&str> {
+        c.endpoints(Family::Whole)
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn an_unreadable_spec_keeps_the_served_tokens_and_a_removed_one_withdraws_them() {
+        use crate::kubelet::specs::Loader;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("nodefabric-rdma.json");
+        std::fs::write(&file, spec(&["mlx5_1", "mlx5_0"], "Failed")).unwrap();
+        let mut loader = Loader::new(dir.clone(), 1 << 20);
+        let served = Catalog::default().with_changes(&loader.load().changed);
+        assert_eq!(names(&served), ["mlx5_0", "mlx5_1"]);
+        assert!(served.endpoints(Family::Whole).iter().all(|e| !e.healthy));
+
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(dir.join("elsewhere.json"), &file).unwrap();
+        let c = served.with_changes(&loader.load().changed);
+        assert_eq!(c, served, "Failed tokens included, nothing withdrawn");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let c = served.with_changes(&loader.load().changed);
+        assert_eq!(c, served, "a missing folder withdraws nothing");
+
+        std::fs::create_dir(&dir).unwrap();
+        let c = served.with_changes(&loader.load().changed);
+        assert!(
+            names(&c).is_empty(),
+            "the folder without the spec: zero devices"
+        );
+    }
+
+    #[test]
+    fn a_device_name_outside_the_cdi_grammar_is_skipped() {
+        let spec: Spec =
+            serde_json::from_str(&spec(&["mlx5_0,nvidia.com/gpu=all", "mlx5_1", "a=b"], "OK"))
+                .unwrap();
+        let c = Catalog::default().with_changes(&[(
+            Family::Whole,
+            Change::Spec {
+                path: "/cdi/nodefabric-rdma.json".into(),
+                spec,
+            },
+        )]);
+        assert_eq!(names(&c), ["mlx5_1"]);
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
-use super::specfile;
 use crate::kubelet::signals;
 use crate::names::{duration_in, parse_namespace};
 use clap::builder::BoolishValueParser;
@@ -88,7 +87,7 @@ pub struct PluginCli {
     #[arg(
         long,
         env = "NODEFABRIC_MAX_SPEC_BYTES",
-        default_value_t = specfile::DEFAULT_MAX_BYTES,
+        default_value_t = crate::kubelet::specs::DEFAULT_MAX_BYTES,
         value_name = "BYTES",
         value_parser = clap::value_parser!(u64).range(1..)
     )]

@@ -20,7 +20,6 @@ use super::api::{
 };
 use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
-use super::loader::{Loader, Outcome};
 use super::metrics::Observed;
 use super::service::{ResourceService, Shared};
 use crate::kubelet::probes::{self, ProbeError};
@@ -28,6 +27,7 @@ use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
 use crate::kubelet::servers::Servers;
 use crate::kubelet::socket::{self, SocketError};
+use crate::kubelet::specs::{Loader, Outcome};
 use crate::kubelet::watch::{FolderWatch, Wake};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -125,10 +125,10 @@ const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// See [`BACKOFF_FIRST`].
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// The cause word of [`super::specfile::SpecReadError::FolderMissing`].
+/// The cause word of [`crate::kubelet::specs::SpecReadError::FolderMissing`].
 const FOLDER_MISSING: &str = "folder_missing";
 
-/// The cause word of [`super::specfile::SpecReadError::FolderDeleted`].
+/// The cause word of [`crate::kubelet::specs::SpecReadError::FolderDeleted`].
 const FOLDER_DELETED: &str = "folder_deleted";
 
 /// True for the causes that are the folder's, not one family's file.
@@ -242,7 +242,10 @@ impl Plugin {
         self.observed.loading(true);
         let kubelet_dir = self.config.kubelet_dir.clone();
         let (l, fresh, outcome, kubelet_stale) = tokio::task::spawn_blocking(move || {
-            let (c, o) = l.load(&served);
+            let o = l.load();
+            // An unreadable family is not among the changes: it keeps its
+            // tokens, since kubelet has checkpointed their IDs.
+            let c = served.with_changes(&o.changed);
             // The kubelet folder too: a new kubelet.sock in the host's new
             // folder is never seen through the old mount.
             let stale = crate::mounts::deleted_in_place(&kubelet_dir)

@@ -1,12 +1,13 @@
 //! Reading one CDI spec file as untrusted input: regular files only, size
-//! capped, never a blocking open or read.
+//! capped, never a blocking open or read; then parsing its bytes.
 //!
 //! The CDI folder is shared with other tools and with whoever has root on
 //! the node, so what sits under a spec's name may be a FIFO (an open or read
 //! would block forever), a link to `/dev/zero` (a read never ends) or a file
 //! far larger than any spec. Each is refused with its cause, and the caller
-//! keeps the tokens it had: an unreadable spec is never an empty one.
+//! keeps what it served: an unreadable spec is never an empty one.
 
+use crate::cdi::{Family, Spec};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -201,6 +202,21 @@ pub fn read(path: &Path, cap: u64) -> Result<(Vec<u8>, Fingerprint), SpecReadErr
             })
         }
     }
+}
+
+/// Parses spec bytes read from `path` and checks the kind is `family`'s.
+pub fn parse(bytes: &[u8], path: &Path, family: Family) -> Result<Spec, SpecReadError> {
+    let spec: Spec = serde_json::from_slice(bytes).map_err(|e| SpecReadError::Malformed {
+        path: path.into(),
+        reason: format!("not a CDI spec: {e}"),
+    })?;
+    if spec.kind != family.kind() {
+        return Err(SpecReadError::Malformed {
+            path: path.into(),
+            reason: format!("kind is {:?}, expected {:?}", spec.kind, family.kind()),
+        });
+    }
+    Ok(spec)
 }
 
 fn check_regular(path: &Path, m: &std::fs::Metadata) -> Result<(), SpecReadError> {

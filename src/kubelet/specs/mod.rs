@@ -1,11 +1,18 @@
-//! Keeps the catalog current from the CDI folder at the least cost: a spec
-//! is opened only when stat says it changed, and parsed only when its bytes
-//! did. An idle plugin so reads nothing, and a rewrite with the same bytes
-//! (the publisher's pass every minute) reloads nothing.
+//! The one reading of the published CDI specs every kubelet plugin shares:
+//! each family's file read as untrusted input ([`file`]), opened only when
+//! stat says it changed and parsed only when its bytes did. An idle plugin
+//! so reads nothing, and a rewrite with the same bytes (the publisher's pass
+//! every minute) reloads nothing.
+//!
+//! The [`Loader`] reports what changed as parsed [`Spec`]s; what a plugin
+//! serves from them (device-plugin tokens, DRA devices) is the plugin's.
 
-use super::catalog::{self, Catalog};
-use super::specfile::{self, Presence};
-use crate::cdi::Family;
+pub mod file;
+
+pub use file::{SpecReadError, DEFAULT_MAX_BYTES};
+
+use crate::cdi::{Family, Spec};
+use file::Presence;
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -25,9 +32,29 @@ struct Seen {
     error: Option<(&'static str, String)>,
 }
 
-/// One look at the folder's specs.
+/// What a family's spec became since the last look, when it changed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// New bytes under the family's name, parsed; `path` is the file, for
+    /// messages about its devices.
+    Spec {
+        /// The spec file.
+        path: PathBuf,
+        /// What it says now.
+        spec: Spec,
+    },
+    /// No file under the family's name (the folder present): the publisher
+    /// says the family has zero devices, unlike an unreadable file.
+    Gone,
+}
+
+/// One look at the folder's specs. A family in neither `changed` nor
+/// `unreadable` is as it was; an unreadable one keeps what the caller
+/// served, since kubelet has checkpointed its IDs.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// Families whose spec changed, in [`Family::ALL`] order.
+    pub changed: Vec<(Family, Change)>,
     /// Families whose spec was parsed this time (a reload).
     pub reloaded: Vec<Family>,
     /// Families whose spec is unreadable now: (family, cause word, message).
@@ -58,22 +85,19 @@ impl Loader {
         }
     }
 
-    /// The catalog as the folder describes it now, starting from `served`:
-    /// a family whose spec cannot be read keeps the endpoints it had, since
-    /// kubelet has checkpointed their IDs. Blocking file I/O: call it off the
-    /// async runtime.
-    pub fn load(&mut self, served: &Catalog) -> (Catalog, Outcome) {
-        let mut catalog = served.clone();
+    /// What changed in the folder since the last look (everything readable,
+    /// the first time). Blocking file I/O: call it off the async runtime.
+    pub fn load(&mut self) -> Outcome {
         let mut out = Outcome::default();
         for family in Family::ALL {
             let path = self.dir.join(family.file_name());
             let seen = self.seen.entry(family).or_default();
             let before = seen.error.clone();
-            if let Some(endpoints) = look(&self.dir, &path, family, self.cap, seen) {
-                if seen.presence != Some(Presence::Absent) {
+            if let Some(change) = look(&self.dir, &path, family, self.cap, seen) {
+                if matches!(change, Change::Spec { .. }) {
                     out.reloaded.push(family);
                 }
-                catalog = catalog.with_family(family, endpoints);
+                out.changed.push((family, change));
             }
             if let Some((cause, _)) = &seen.error {
                 if seen.error != before {
@@ -84,21 +108,15 @@ impl Loader {
                 out.unreadable.push((family, cause, msg.clone()));
             }
         }
-        (catalog, out)
+        out
     }
 }
 
-/// One family: `None` when nothing changed, or the new endpoints. Leaves
-/// in `seen.error` why the file cannot be taken, if it cannot (the family
-/// then keeps its tokens).
-fn look(
-    dir: &Path,
-    path: &Path,
-    family: Family,
-    cap: u64,
-    seen: &mut Seen,
-) -> Option<Vec<catalog::Endpoint>> {
-    let presence = match specfile::probe(dir, path) {
+/// One family: `None` when nothing changed, or what it changed to. Leaves
+/// in `seen.error` why the file cannot be taken, if it cannot (the caller
+/// then keeps what it served).
+fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> Option<Change> {
+    let presence = match file::probe(dir, path) {
         Ok(p) => p,
         Err(e) => {
             // Look again next time: the cause may clear with no new fingerprint.
@@ -108,7 +126,7 @@ fn look(
         }
     };
     if seen.presence == Some(presence) {
-        // Unchanged: same endpoints, and a malformed file stays reported.
+        // Unchanged: the same spec, and a malformed file stays reported.
         return None;
     }
     if presence == Presence::Absent {
@@ -116,9 +134,9 @@ fn look(
             // A spec that was there is gone. `rm -rf` of the folder unlinks
             // the files a moment before the folder itself: look again after
             // that moment, so a folder on its way out reads as missing
-            // (tokens kept) rather than as "no endpoints" (tokens withdrawn).
+            // (what was served kept) rather than as "no devices" (withdrawn).
             std::thread::sleep(VANISH_GRACE);
-            if let Err(e) = specfile::probe(dir, path) {
+            if let Err(e) = file::probe(dir, path) {
                 seen.presence = None;
                 seen.error = Some((e.cause(), e.to_string()));
                 return None;
@@ -129,9 +147,9 @@ fn look(
         seen.error = None;
         // No spec: the family has zero devices (the publisher removed it or
         // never wrote one), unlike an unreadable one.
-        return Some(Vec::new());
+        return Some(Change::Gone);
     }
-    let (bytes, read_fp) = match specfile::read(path, cap) {
+    let (bytes, read_fp) = match file::read(path, cap) {
         Ok(r) => r,
         Err(e) => {
             seen.presence = None;
@@ -146,17 +164,20 @@ fn look(
     let hash = h.finish();
     if let Some((last, error)) = &seen.parsed {
         if *last == hash {
-            // Same bytes as last parsed: the served endpoints already are
-            // these bytes' (or, if they were malformed, still are refused).
+            // Same bytes as last parsed: what the caller serves already is
+            // these bytes' (or, if they were malformed, still is refused).
             seen.error = error.clone();
             return None;
         }
     }
-    match catalog::parse(&bytes, path, family) {
+    match file::parse(&bytes, path, family) {
         Ok(spec) => {
             seen.parsed = Some((hash, None));
             seen.error = None;
-            Some(catalog::endpoints_of(&spec, path))
+            Some(Change::Spec {
+                path: path.into(),
+                spec,
+            })
         }
         Err(e) => {
             let error = Some((e.cause(), e.to_string()));
@@ -186,11 +207,16 @@ mod tests {
         )
     }
 
-    fn names(c: &Catalog) -> Vec<&str> {
-        c.endpoints(Family::Whole)
+    /// The whole-interface family's change: `None` when unchanged, its
+    /// device names (none when gone) when changed.
+    fn whole(out: &Outcome) -> Option<Vec<&str>> {
+        out.changed
             .iter()
-            .map(|e| e.name.as_str())
-            .collect()
+            .find(|(f, _)| *f == Family::Whole)
+            .map(|(_, c)| match c {
+                Change::Spec { spec, .. } => spec.devices.iter().map(|d| d.name.as_str()).collect(),
+                Change::Gone => Vec::new(),
+            })
     }
 
     /// Writes as the publisher does: a temp file, then a rename.
@@ -200,54 +226,104 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_spec_is_reported_parsed_the_same_bytes_as_nothing_and_an_unreadable_file_with_its_cause(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nodefabric-rdma.json");
+        replace(dir.path(), &spec(&["mlx5_0", "mlx5_1"], "OK"));
+        let mut loader = Loader::new(dir.path().into(), 1 << 20);
+        let out = loader.load();
+        let expected: crate::cdi::Spec =
+            serde_json::from_str(&spec(&["mlx5_0", "mlx5_1"], "OK")).unwrap();
+        assert_eq!(
+            out.changed,
+            [
+                (
+                    Family::Whole,
+                    Change::Spec {
+                        path: path.clone(),
+                        spec: expected
+                    }
+                ),
+                (Family::Partitioned, Change::Gone),
+            ]
+        );
+        assert_eq!(out.reloaded, [Family::Whole]);
+
+        replace(dir.path(), &spec(&["mlx5_0", "mlx5_1"], "OK"));
+        let out = loader.load();
+        assert!(
+            out.changed.is_empty() && out.reloaded.is_empty() && out.unreadable.is_empty(),
+            "the same bytes under a new inode: {out:?}"
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        crate::input::make_fifo(&path);
+        let out = loader.load();
+        assert!(out.changed.is_empty(), "unreadable is not gone: {out:?}");
+        assert_eq!(out.unreadable.len(), 1);
+        let (family, cause, message) = &out.unreadable[0];
+        assert_eq!((*family, *cause), (Family::Whole, "not_regular"));
+        assert_eq!(
+            *message,
+            format!("{}: not a regular file but a FIFO", path.display())
+        );
+        assert_eq!(out.new_errors, [(Family::Whole, "not_regular")]);
+    }
+
+    #[test]
     fn a_rewrite_with_the_same_bytes_reloads_nothing() {
         let dir = tempfile::tempdir().unwrap();
         replace(dir.path(), &spec(&["mlx5_0"], "OK"));
         let mut loader = Loader::new(dir.path().into(), 1 << 20);
-        let (c, out) = loader.load(&Catalog::default());
+        let out = loader.load();
         assert_eq!(
-            (names(&c), out.reloaded.clone()),
-            (vec!["mlx5_0"], vec![Family::Whole])
+            (whole(&out), out.reloaded.clone()),
+            (Some(vec!["mlx5_0"]), vec![Family::Whole])
         );
-        let (c2, out) = loader.load(&c);
+        let out = loader.load();
         assert!(
-            out.reloaded.is_empty() && c2 == c,
+            out.reloaded.is_empty() && out.changed.is_empty(),
             "nothing changed: nothing read"
         );
         replace(dir.path(), &spec(&["mlx5_0"], "OK"));
-        let (c3, out) = loader.load(&c2);
+        let out = loader.load();
         assert!(
-            out.reloaded.is_empty() && c3 == c,
+            out.reloaded.is_empty() && out.changed.is_empty(),
             "same bytes under a new inode: not parsed again"
         );
         replace(dir.path(), &spec(&["mlx5_0"], "Failed"));
-        let (c4, out) = loader.load(&c3);
+        let out = loader.load();
         assert_eq!(out.reloaded, [Family::Whole]);
-        assert!(!c4.endpoints(Family::Whole)[0].healthy);
+        let Some((_, Change::Spec { spec, path })) = out.changed.first() else {
+            panic!("{out:?}")
+        };
+        let read = spec.devices[0].endpoint(&spec.kind, path).unwrap();
+        assert_eq!(read.link, crate::record::LinkState::Failed);
     }
 
     #[test]
-    fn a_dangling_link_or_a_missing_folder_keeps_the_tokens() {
+    fn a_dangling_link_or_a_missing_folder_is_unreadable_not_gone() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("cdi");
         std::fs::create_dir(&dir).unwrap();
         replace(&dir, &spec(&["mlx5_0", "mlx5_1"], "Failed"));
         let mut loader = Loader::new(dir.clone(), 1 << 20);
-        let (served, _) = loader.load(&Catalog::default());
+        assert_eq!(whole(&loader.load()), Some(vec!["mlx5_0", "mlx5_1"]));
 
         std::fs::remove_file(dir.join("nodefabric-rdma.json")).unwrap();
         std::os::unix::fs::symlink(dir.join("elsewhere.json"), dir.join("nodefabric-rdma.json"))
             .unwrap();
-        let (c, out) = loader.load(&served);
-        assert_eq!(c, served, "Failed tokens included, nothing withdrawn");
+        let out = loader.load();
+        assert!(out.changed.is_empty(), "nothing withdrawn: {out:?}");
         assert_eq!(out.unreadable[0].1, "dangling_link");
         assert_eq!(out.new_errors, [(Family::Whole, "dangling_link")]);
-        let (_, out) = loader.load(&served);
+        let out = loader.load();
         assert!(out.new_errors.is_empty(), "the same cause is not new");
 
         std::fs::remove_dir_all(&dir).unwrap();
-        let (c, out) = loader.load(&served);
-        assert_eq!(c, served);
+        let out = loader.load();
+        assert!(out.changed.is_empty(), "nothing withdrawn: {out:?}");
         assert_eq!(
             out.unreadable.iter().map(|u| u.1).collect::<Vec<_>>(),
             ["folder_missing", "folder_missing"]
@@ -256,8 +332,8 @@ mod tests {
         // The folder comes back with the same spec: readable again, nothing reparsed.
         std::fs::create_dir(&dir).unwrap();
         replace(&dir, &spec(&["mlx5_0", "mlx5_1"], "Failed"));
-        let (c, out) = loader.load(&served);
-        assert_eq!(c, served);
+        let out = loader.load();
+        assert_eq!(whole(&out), None);
         assert!(
             out.unreadable.is_empty() && out.reloaded.is_empty(),
             "{out:?}"
@@ -265,8 +341,9 @@ mod tests {
 
         // Removing the spec (the folder present) is the publisher saying zero devices.
         std::fs::remove_file(dir.join("nodefabric-rdma.json")).unwrap();
-        let (c, out) = loader.load(&served);
-        assert!(names(&c).is_empty() && out.unreadable.is_empty());
+        let out = loader.load();
+        assert_eq!(whole(&out), Some(vec![]));
+        assert!(out.unreadable.is_empty());
     }
 
     #[test]
@@ -274,29 +351,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         replace(dir.path(), "{\"kind\":");
         let mut loader = Loader::new(dir.path().into(), 1 << 20);
-        let (c, out) = loader.load(&Catalog::default());
-        assert!(names(&c).is_empty());
+        let out = loader.load();
+        assert_eq!(whole(&out), None);
         assert_eq!(
             (out.unreadable[0].1, out.new_errors.clone()),
             ("malformed", vec![(Family::Whole, "malformed")])
         );
-        let (_, out) = loader.load(&c);
+        let out = loader.load();
         assert_eq!(out.unreadable.len(), 1, "still unreadable for readiness");
         assert!(out.new_errors.is_empty(), "but not counted again");
         replace(dir.path(), &spec(&["mlx5_3"], "OK"));
-        let (c, out) = loader.load(&c);
-        assert_eq!(names(&c), ["mlx5_3"]);
+        let out = loader.load();
+        assert_eq!(whole(&out), Some(vec!["mlx5_3"]));
         assert!(out.unreadable.is_empty());
-    }
-
-    #[test]
-    fn a_device_name_outside_the_cdi_grammar_is_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        replace(
-            dir.path(),
-            &spec(&["mlx5_0,nvidia.com/gpu=all", "mlx5_1", "a=b"], "OK"),
-        );
-        let (c, _) = Loader::new(dir.path().into(), 1 << 20).load(&Catalog::default());
-        assert_eq!(names(&c), ["mlx5_1"]);
     }
 }
