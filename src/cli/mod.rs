@@ -375,7 +375,7 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         Command::Publish(p) => return publish::publish_loop(cli, p),
         Command::Capture(c) => capture::capture(cli, c)?,
         Command::Observe(o) => o.run()?,
-        Command::Crd => emit(cluster::record::crd_yaml())?,
+        Command::Crd => emit(cluster::node_rail_record::crd_yaml())?,
     }
     Ok(ExitCode::SUCCESS)
 }

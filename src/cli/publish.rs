@@ -163,7 +163,7 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
-    publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
+    publish::write_if_changed(state_dir, publish::STATE_FILE, json.as_bytes())?;
     let rails = args.rails.config(cli.tool_timeout).and_then(|config| {
         match (&args.rails_file, args.rails.target(config.as_ref())?) {
             (None, None) => Ok(()),
