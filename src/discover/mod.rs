@@ -68,6 +68,7 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
             match index.lookup(ibdev) {
                 Ok(dev) => iface.verbs = Some(dev),
                 Err(why) => {
+                    let why = why.to_string();
                     if index.has_unreadable() {
                         keep::note(iface, Fact::Verbs, why.clone());
                     }
