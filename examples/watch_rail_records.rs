@@ -9,7 +9,7 @@
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use nodefabric::cluster::record::NodeRailRecord;
+use nodefabric::cluster::node_rail_record::NodeRailRecord;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

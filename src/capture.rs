@@ -15,12 +15,11 @@ pub mod limits;
 pub mod links;
 pub mod replay;
 
-pub use errors::{Fault, ReplayError};
+pub use errors::{Fault, PackError, ReplayError, VendorError};
 pub use limits::Limits;
 pub use replay::{unpack, Replay};
 
 use crate::sysfs::{Entry, Recorded};
-use anyhow::{Context, Result};
 use flate2::{write::GzEncoder, Compression};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -41,7 +40,7 @@ pub fn pack(
     recorded: &Recorded,
     answers: &crate::fabric::answers::Answers,
     rails: &crate::rails::RailAnswers,
-) -> Result<Vec<u8>> {
+) -> Result<Vec<u8>, PackError> {
     // Every ancestor of an entry must exist as a folder on replay.
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     for (path, entry) in recorded {
@@ -66,11 +65,17 @@ pub fn pack(
         h.set_gid(0);
         h
     };
+    let failed = |path: &str| {
+        let path = path.to_string();
+        move |source| PackError::Entry { path, source }
+    };
     let mut h = header(tar::EntryType::Directory, 0o755, 0);
-    tar.append_data(&mut h, TOP, std::io::empty())?;
+    tar.append_data(&mut h, TOP, std::io::empty())
+        .map_err(failed(TOP))?;
     for d in &dirs {
         let mut h = header(tar::EntryType::Directory, 0o755, 0);
-        tar.append_data(&mut h, format!("{TOP}/{d}"), std::io::empty())?;
+        tar.append_data(&mut h, format!("{TOP}/{d}"), std::io::empty())
+            .map_err(failed(d))?;
     }
     for (path, entry) in recorded {
         let name = format!("{TOP}/{path}");
@@ -80,30 +85,37 @@ pub fn pack(
                 let mut h = header(tar::EntryType::Symlink, 0o777, 0);
                 let target = stored_target(path, target, recorded);
                 tar.append_link(&mut h, &name, &target)
-                    .with_context(|| format!("archiving link {path}"))?;
+                    .map_err(|source| PackError::Link {
+                        path: path.clone(),
+                        source,
+                    })?;
             }
             Entry::File(bytes) => {
                 let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);
                 tar.append_data(&mut h, &name, bytes.as_slice())
-                    .with_context(|| format!("archiving {path}"))?;
+                    .map_err(failed(path))?;
             }
             Entry::Placeholder => {
                 let mut h = header(tar::EntryType::Regular, 0o444, 0);
-                tar.append_data(&mut h, &name, std::io::empty())?;
+                tar.append_data(&mut h, &name, std::io::empty())
+                    .map_err(failed(path))?;
             }
         }
     }
     let mut h = header(tar::EntryType::Directory, 0o755, 0);
-    tar.append_data(&mut h, VENDOR, std::io::empty())?;
+    tar.append_data(&mut h, VENDOR, std::io::empty())
+        .map_err(failed(VENDOR))?;
     for (file, bytes) in [
         (crate::fabric::answers::FILE, answers.to_bytes()),
         (crate::rails::answers::FILE, rails.to_bytes()),
     ] {
         let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);
-        tar.append_data(&mut h, format!("{VENDOR}/{file}"), bytes.as_slice())?;
+        let name = format!("{VENDOR}/{file}");
+        tar.append_data(&mut h, &name, bytes.as_slice())
+            .map_err(failed(&name))?;
     }
-    let gz = tar.into_inner()?;
-    Ok(gz.finish()?)
+    let gz = tar.into_inner().map_err(PackError::Finish)?;
+    gz.finish().map_err(PackError::Finish)
 }
 
 /// The target a link is archived with: its own text when it stays inside the

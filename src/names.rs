@@ -3,23 +3,57 @@
 
 use std::time::Duration;
 
+/// A duration flag clap refuses; the usage error prints this text alone, so
+/// the parser's reason is part of it rather than a source.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a duration humantime reads (`60s`, `5m`, `1h 30m`).
+    #[error("{value:?}: {reason}")]
+    Unparsable {
+        /// The value as given.
+        value: String,
+        /// What humantime said.
+        reason: humantime::DurationError,
+    },
+    /// A duration outside the flag's bounds.
+    #[error("{value:?} is out of range: give {} to {}", humantime::format_duration(*min), humantime::format_duration(*max))]
+    OutOfRange {
+        /// The value as given.
+        value: String,
+        /// The shortest accepted.
+        min: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+}
+
+/// A `--namespace` value that is not a DNS subdomain.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"
+)]
+pub struct NamespaceError(pub String);
+
 /// A duration flag within `min..=max`: out-of-range values are usage errors
 /// naming the bounds (a zero interval is a busy loop or a timer panic, a
 /// century overflows the clock).
-pub fn duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+pub fn duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, DurationError> {
+    let d = humantime::parse_duration(s).map_err(|reason| DurationError::Unparsable {
+        value: s.to_string(),
+        reason,
+    })?;
     if d < min || d > max {
-        return Err(format!(
-            "{s:?} is out of range: give {} to {}",
-            humantime::format_duration(min),
-            humantime::format_duration(max)
-        ));
+        return Err(DurationError::OutOfRange {
+            value: s.to_string(),
+            min,
+            max,
+        });
     }
     Ok(d)
 }
 
 /// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
-pub fn parse_namespace(s: &str) -> Result<String, String> {
+pub fn parse_namespace(s: &str) -> Result<String, NamespaceError> {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
@@ -29,7 +63,7 @@ pub fn parse_namespace(s: &str) -> Result<String, String> {
             && !l.ends_with('-')
     };
     if s.is_empty() || s.len() > 253 || !s.split('.').all(label_ok) {
-        return Err(format!("{s:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253 characters)"));
+        return Err(NamespaceError(s.to_string()));
     }
     Ok(s.to_string())
 }

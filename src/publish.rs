@@ -56,7 +56,7 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 pub type Result<T, E = PublishError> = std::result::Result<T, E>;
 
 /// The file in `--state-dir` holding the last published record.
-pub const STATE_RECORD: &str = "record.json";
+pub const STATE_FILE: &str = "record.json";
 
 /// The mode of every file written: readable by the unprivileged readers
 /// (nfd-worker's image, CDI loaders), writable by none of them.
@@ -123,7 +123,7 @@ pub const MAX_OWN_FILE: u64 = 256 << 20;
 /// Reads the previous record from the state folder; a missing or unreadable
 /// one is logged and treated as none (it only carries `firstSeen` times).
 pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
-    let path = state_dir?.join(STATE_RECORD);
+    let path = state_dir?.join(STATE_FILE);
     // Bounded, and never a FIFO: something planted there must not stall
     // every later pass.
     let text = match crate::input::read_text(

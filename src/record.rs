@@ -9,7 +9,7 @@ use crate::pci::Coordinates;
 use serde::{Deserialize, Serialize};
 
 /// The record's schema version, bumped on any incompatible change.
-pub const RECORD_VERSION: u32 = 1;
+pub const NODE_RECORD_VERSION: u32 = 1;
 
 /// The whole node record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

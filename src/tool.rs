@@ -4,7 +4,7 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 use wait_timeout::ChildExt;
 
@@ -15,17 +15,68 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// few hundred KiB, so more than this is not an answer but a runaway.
 pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
 
+/// Why a tool's answer is unreadable, naming the command. The text is the
+/// whole answer a capture records and a note carries, so the I/O error is
+/// part of it rather than a source.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The tool could not be started (not installed, not runnable).
+    #[error("running {cmd}: {reason}")]
+    Start {
+        /// The command line.
+        cmd: String,
+        /// What exec said.
+        reason: std::io::Error,
+    },
+    /// Waiting for the tool failed.
+    #[error("waiting for {cmd}: {reason}")]
+    Wait {
+        /// The command line.
+        cmd: String,
+        /// What the wait said.
+        reason: std::io::Error,
+    },
+    /// The tool ran past its time and was killed.
+    #[error("{cmd} did not answer within {}, killed", humantime::format_duration(*timeout))]
+    Hung {
+        /// The command line.
+        cmd: String,
+        /// The time it had.
+        timeout: Duration,
+    },
+    /// The tool exited, but something kept its output open past the time.
+    #[error("{cmd} exited but its output did not end within {}", humantime::format_duration(*timeout))]
+    OutputOpen {
+        /// The command line.
+        cmd: String,
+        /// The time it had.
+        timeout: Duration,
+    },
+    /// The tool exited non-zero.
+    #[error("{cmd} exited with {status}: {stderr}")]
+    Failed {
+        /// The command line.
+        cmd: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// The tool printed more than [`MAX_OUTPUT`].
+    #[error("{cmd} printed more than {MAX_OUTPUT} bytes, refused")]
+    TooMuch {
+        /// The command line.
+        cmd: String,
+    },
+}
+
 /// Runs `bin args…` and returns its standard output, or why it is unreadable:
 /// not started, killed after `timeout`, exited non-zero, or over [`MAX_OUTPUT`].
-pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, String> {
+pub fn output(bin: &Path, args: &[&str], timeout: Duration) -> Result<String, ToolError> {
     // Not installed is one more unreadable answer here, worded as exec says it.
-    output_if_installed(bin, args, timeout)?.ok_or_else(|| {
-        format!(
-            "running {} {}: {}",
-            bin.display(),
-            args.join(" "),
-            std::io::Error::from_raw_os_error(libc::ENOENT)
-        )
+    output_if_installed(bin, args, timeout)?.ok_or_else(|| ToolError::Start {
+        cmd: format!("{} {}", bin.display(), args.join(" ")),
+        reason: std::io::Error::from_raw_os_error(libc::ENOENT),
     })
 }
 
@@ -58,7 +109,7 @@ pub fn output_if_installed(
     bin: &Path,
     args: &[&str],
     timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ToolError> {
     if !may_be_installed(bin) {
         return Ok(None);
     }
@@ -72,7 +123,7 @@ pub fn output_if_installed(
     {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("running {cmd}: {e}")),
+        Err(reason) => return Err(ToolError::Start { cmd, reason }),
     };
     // Both pipes are drained on their own threads, so a tool that fills one
     // while we wait on the other cannot deadlock the pass. Each thread hands
@@ -103,16 +154,15 @@ pub fn output_if_installed(
     );
     let status = match child
         .wait_timeout(timeout)
-        .map_err(|e| format!("waiting for {cmd}: {e}"))?
-    {
+        .map_err(|reason| ToolError::Wait {
+            cmd: cmd.clone(),
+            reason,
+        })? {
         Some(status) => status,
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!(
-                "{cmd} did not answer within {}, killed",
-                humantime::format_duration(timeout)
-            ));
+            return Err(ToolError::Hung { cmd, timeout });
         }
     };
     // A child that exited but left a grandchild holding its pipes open would
@@ -122,23 +172,20 @@ pub fn output_if_installed(
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(100))
     };
-    let stdout = out.recv_timeout(left()).map_err(|_| {
-        format!(
-            "{cmd} exited but its output did not end within {}",
-            humantime::format_duration(timeout)
-        )
-    })?;
+    let stdout = match out.recv_timeout(left()) {
+        Ok(stdout) => stdout,
+        Err(_) => return Err(ToolError::OutputOpen { cmd, timeout }),
+    };
     let stderr = err.recv_timeout(left()).unwrap_or_default();
     if !status.success() {
-        return Err(format!(
-            "{cmd} exited with {status}: {}",
-            String::from_utf8_lossy(&stderr).trim()
-        ));
+        return Err(ToolError::Failed {
+            cmd,
+            status,
+            stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
+        });
     }
     if stdout.len() as u64 > MAX_OUTPUT {
-        return Err(format!(
-            "{cmd} printed more than {MAX_OUTPUT} bytes, refused"
-        ));
+        return Err(ToolError::TooMuch { cmd });
     }
     Ok(Some(String::from_utf8_lossy(&stdout).into_owned()))
 }
@@ -149,7 +196,9 @@ mod tests {
 
     #[test]
     fn a_hung_tool_is_killed_and_unreadable() {
-        let e = output(Path::new("sleep"), &["30"], Duration::from_millis(200)).unwrap_err();
+        let e = output(Path::new("sleep"), &["30"], Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("did not answer within") && e.contains("sleep 30"),
             "{e}"
@@ -163,7 +212,8 @@ mod tests {
             &["-q"],
             DEFAULT_TIMEOUT,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("/nonexistent/nvidia-smi -q"), "{e}");
     }
 
@@ -180,7 +230,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             format!(
                 "running nodefabric-no-such-tool -q: {}",
                 std::io::Error::from_raw_os_error(libc::ENOENT)
@@ -190,7 +240,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("not-a-program");
         std::fs::write(&plain, "text").unwrap();
-        let e = output(&plain, &[], DEFAULT_TIMEOUT).unwrap_err();
+        let e = output(&plain, &[], DEFAULT_TIMEOUT)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Permission denied"), "{e}");
     }
 
@@ -201,7 +253,8 @@ mod tests {
             &["-c", "echo broken >&2; exit 3"],
             DEFAULT_TIMEOUT,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
     }
 }

@@ -15,13 +15,25 @@ use signal_hook::iterator::Signals;
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// The folders to remove on a signal.
 static FOLDERS: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
 /// Whether the watcher thread started (once per process), or why it could not.
-static WATCHER: OnceLock<Result<(), String>> = OnceLock::new();
+static WATCHER: OnceLock<Result<(), WatchError>> = OnceLock::new();
+
+/// Why no watcher runs; kept for every later replay of the process, hence
+/// the shared (cloneable) I/O error.
+#[derive(Debug, Clone, thiserror::Error)]
+enum WatchError {
+    /// The signal handlers could not be installed.
+    #[error("watching SIGHUP/SIGINT/SIGTERM")]
+    Signals(#[source] Arc<io::Error>),
+    /// The watcher thread could not be started.
+    #[error("starting the cleanup thread")]
+    Thread(#[source] Arc<io::Error>),
+}
 
 /// Holds the folder list; a signal's cleanup waits until it is dropped.
 pub struct Hold {
@@ -37,7 +49,7 @@ fn folders() -> MutexGuard<'static, BTreeSet<PathBuf>> {
 fn watch() -> io::Result<()> {
     let started = WATCHER.get_or_init(|| {
         let mut signals = Signals::new([SIGHUP, SIGINT, SIGTERM])
-            .map_err(|e| format!("watching SIGHUP/SIGINT/SIGTERM: {e}"))?;
+            .map_err(|e| WatchError::Signals(Arc::new(e)))?;
         std::thread::Builder::new()
             .name("replay-cleanup".into())
             .spawn(move || {
@@ -56,7 +68,7 @@ fn watch() -> io::Result<()> {
                 }
             })
             .map(drop)
-            .map_err(|e| format!("starting the cleanup thread: {e}"))
+            .map_err(|e| WatchError::Thread(Arc::new(e)))
     });
     started.clone().map_err(io::Error::other)
 }

@@ -137,3 +137,50 @@ pub enum ReplayError {
         source: io::Error,
     },
 }
+
+/// Why a capture could not be packed; names the archive entry being written.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// Appending a symlink entry failed.
+    #[error("archiving link {path}")]
+    Link {
+        /// The link's path under the tree.
+        path: String,
+        /// The failure.
+        source: io::Error,
+    },
+    /// Appending a file or folder entry failed.
+    #[error("archiving {path}")]
+    Entry {
+        /// The entry's path (under the tree, or `vendor/…`).
+        path: String,
+        /// The failure.
+        source: io::Error,
+    },
+    /// Closing the tar stream or the gzip encoder failed.
+    #[error("finishing the archive")]
+    Finish(#[source] io::Error),
+}
+
+/// A replayed capture's `vendor/` file that cannot be used; the command line
+/// puts the archive in front, so the reason is part of the text.
+#[derive(Debug, thiserror::Error)]
+pub enum VendorError {
+    /// The file is there but could not be read.
+    #[error("vendor/{file}: {reason}")]
+    Read {
+        /// The file's name in `vendor/`.
+        file: &'static str,
+        /// What the read said.
+        reason: io::Error,
+    },
+    /// Something other than a regular file under that name.
+    #[error("vendor/{0}: not a regular file")]
+    NotAFile(&'static str),
+    /// `vendor/fabric.json` is not the answers' shape.
+    #[error("{0}")]
+    Fabric(crate::fabric::answers::AnswersError),
+    /// `vendor/rails.json` is not the answers' shape.
+    #[error("{0}")]
+    Rails(crate::rails::answers::AnswersError),
+}

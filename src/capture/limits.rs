@@ -42,18 +42,47 @@ impl Default for Limits {
     }
 }
 
+/// A `--replay-max-entries` or `--replay-max-bytes` value clap refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// Not a whole number of `what` (entries, bytes).
+    #[error("{value:?} is not a whole number of {what}")]
+    NotANumber {
+        /// The value as given.
+        value: String,
+        /// What it counts.
+        what: &'static str,
+    },
+    /// A size with a unit other than B, KiB, MiB or GiB.
+    #[error("{0:?}: expected a number of bytes with an optional unit B, KiB, MiB or GiB")]
+    Unit(String),
+    /// A size past `u64` once scaled by its unit.
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+    /// A number outside the flag's range.
+    #[error("{n} {what} is out of range ({spelled})")]
+    OutOfRange {
+        /// The number (a size in bytes once scaled).
+        n: u64,
+        /// What it counts.
+        what: &'static str,
+        /// The range as a user writes it.
+        spelled: &'static str,
+    },
+}
+
 /// Parses `--replay-max-entries`: a whole number from 1 to 10,000,000.
-pub fn parse_max_entries(s: &str) -> Result<u64, String> {
-    let n: u64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of entries"))?;
+pub fn parse_max_entries(s: &str) -> Result<u64, LimitError> {
+    let n: u64 = s.trim().parse().map_err(|_| LimitError::NotANumber {
+        value: s.to_string(),
+        what: "entries",
+    })?;
     in_range(n, &ENTRIES_RANGE, "entries", "1 to 10000000")
 }
 
 /// Parses `--replay-max-bytes`: a whole number of bytes, optionally with a
 /// binary unit (`B`, `KiB`, `MiB`, `GiB`), from 1 KiB to 64 GiB.
-pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_max_bytes(s: &str) -> Result<u64, LimitError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
@@ -62,18 +91,15 @@ pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
         "KiB" => KIB,
         "MiB" => MIB,
         "GiB" => GIB,
-        _ => {
-            return Err(format!(
-                "{s:?}: expected a number of bytes with an optional unit B, KiB, MiB or GiB"
-            ))
-        }
+        _ => return Err(LimitError::Unit(s.to_string())),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a whole number of bytes"))?;
+    let n: u64 = digits.parse().map_err(|_| LimitError::NotANumber {
+        value: s.to_string(),
+        what: "bytes",
+    })?;
     let bytes = n
         .checked_mul(scale)
-        .ok_or_else(|| format!("{s:?} is too large"))?;
+        .ok_or_else(|| LimitError::TooLarge(s.to_string()))?;
     in_range(bytes, &BYTES_RANGE, "bytes", "1KiB to 64GiB")
 }
 
@@ -81,13 +107,13 @@ pub fn parse_max_bytes(s: &str) -> Result<u64, String> {
 fn in_range(
     n: u64,
     range: &std::ops::RangeInclusive<u64>,
-    what: &str,
-    spelled: &str,
-) -> Result<u64, String> {
+    what: &'static str,
+    spelled: &'static str,
+) -> Result<u64, LimitError> {
     if range.contains(&n) {
         Ok(n)
     } else {
-        Err(format!("{n} {what} is out of range ({spelled})"))
+        Err(LimitError::OutOfRange { n, what, spelled })
     }
 }
 

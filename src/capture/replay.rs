@@ -7,7 +7,7 @@
 //! folder goes away on every exit path, SIGINT and SIGTERM included.
 
 use super::cleanup::Folder;
-use super::errors::{Fault, ReplayError};
+use super::errors::{Fault, ReplayError, VendorError};
 use super::limits::{Limits, MAX_HEADER_BYTES};
 use super::links::{self, LinkFault};
 use super::{TOP, VENDOR};
@@ -39,35 +39,37 @@ impl Replay {
 
     /// The vendor answers the captured pass used; `Ok(None)` for an archive
     /// from before captures held them, an error for a file that is not one.
-    pub fn answers(&self) -> Result<Option<crate::fabric::answers::Answers>, String> {
+    pub fn answers(&self) -> Result<Option<crate::fabric::answers::Answers>, VendorError> {
         self.vendor_file(crate::fabric::answers::FILE)?
             .map(|bytes| crate::fabric::answers::Answers::from_bytes(&bytes))
             .transpose()
+            .map_err(VendorError::Fabric)
     }
 
     /// The rail answers the captured pass read; `Ok(None)` for an archive
     /// from before captures held them (its replay reads the rail inputs
     /// afresh), an error for a file that is not one.
-    pub fn rail_answers(&self) -> Result<Option<crate::rails::RailAnswers>, String> {
+    pub fn rail_answers(&self) -> Result<Option<crate::rails::RailAnswers>, VendorError> {
         self.vendor_file(crate::rails::answers::FILE)?
-            .map(|bytes| crate::rails::RailAnswers::from_bytes(&bytes).map_err(|e| e.to_string()))
+            .map(|bytes| crate::rails::RailAnswers::from_bytes(&bytes))
             .transpose()
+            .map_err(VendorError::Rails)
     }
 
     /// The bytes of `vendor/FILE`; `Ok(None)` where the archive has none.
-    fn vendor_file(&self, file: &str) -> Result<Option<Vec<u8>>, String> {
+    fn vendor_file(&self, file: &'static str) -> Result<Option<Vec<u8>>, VendorError> {
         let path = self.folder.path().join(VENDOR).join(file);
         match fs::symlink_metadata(&path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("vendor/{file}: {e}")),
+            Err(reason) => return Err(VendorError::Read { file, reason }),
             // Unpack wrote only folders, files and checked links; a link here
             // is still not an answer.
-            Ok(m) if !m.is_file() => return Err(format!("vendor/{file}: not a regular file")),
+            Ok(m) if !m.is_file() => return Err(VendorError::NotAFile(file)),
             Ok(_) => {}
         }
         fs::read(&path)
             .map(Some)
-            .map_err(|e| format!("vendor/{file}: {e}"))
+            .map_err(|reason| VendorError::Read { file, reason })
     }
 }
 

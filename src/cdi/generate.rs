@@ -6,12 +6,39 @@ use crate::record::{Interface, LinkState, NodeRecord};
 
 /// Why a family's spec cannot be generated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{kind}: {reasons}", reasons = .reasons.join("; "))]
+#[error("{kind}: {reasons}", reasons = joined(.reasons))]
 pub struct CdiError {
     /// The family's kind.
     pub kind: &'static str,
     /// One diagnostic per endpoint that could not be resolved.
-    pub reasons: Vec<String>,
+    pub reasons: Vec<Unresolved>,
+}
+
+/// Why one endpoint has no CDI device, so a caller can tell a name it must
+/// skip from a verbs device that may yet appear.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    /// The RDMA device's name would not survive a `kind=name` reference.
+    #[error("RDMA device name {0:?} is not a valid CDI device name")]
+    BadName(String),
+    /// No verbs character device to hand over; the reason is the record's
+    /// `verbsError` as discovery wrote it.
+    #[error("{reason}")]
+    NoVerbs {
+        /// The RDMA device.
+        rdma_device: String,
+        /// Why, as the record says.
+        reason: String,
+    },
+    /// Two endpoints share an RDMA device but would inject different nodes.
+    #[error("RDMA device {0} is bound to endpoints that inject different device nodes")]
+    ConflictingNodes(String),
+}
+
+/// The endpoints' reasons as one line.
+fn joined(reasons: &[Unresolved]) -> String {
+    let texts: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    texts.join("; ")
 }
 
 /// An endpoint of a family: the interface and, for a VF, its PF.
@@ -43,20 +70,20 @@ struct Draft {
     edits: ContainerEdits,
 }
 
-fn draft(ep: &Interface, parent: Option<&Interface>) -> Result<Draft, String> {
+fn draft(ep: &Interface, parent: Option<&Interface>) -> Result<Draft, Unresolved> {
     let ibdev = ep
         .rdma_device
         .as_deref()
         .expect("endpoints() keeps bound ones");
     if !crate::names::is_cdi_device_name(ibdev) {
-        return Err(format!(
-            "RDMA device name {ibdev:?} is not a valid CDI device name"
-        ));
+        return Err(Unresolved::BadName(ibdev.to_string()));
     }
-    let verbs = ep.verbs.as_ref().ok_or_else(|| {
-        ep.verbs_error
+    let verbs = ep.verbs.as_ref().ok_or_else(|| Unresolved::NoVerbs {
+        rdma_device: ibdev.to_string(),
+        reason: ep
+            .verbs_error
             .clone()
-            .unwrap_or_else(|| format!("no verbs device for {ibdev}"))
+            .unwrap_or_else(|| format!("no verbs device for {ibdev}")),
     })?;
     let endpoint = EndpointAnnotations {
         rdma_device: ibdev.to_string(),
@@ -128,16 +155,13 @@ pub fn spec(record: &NodeRecord, family: Family) -> Result<Option<Spec>, CdiErro
 /// the same thing; their interface names are listed together, sorted.
 /// Devices that share a name but differ in what they inject cannot be one
 /// device and are refused, naming the RDMA device. `drafts` is sorted by name.
-fn merge_shared_rdma_devices(drafts: Vec<Draft>, reasons: &mut Vec<String>) -> Vec<Draft> {
+fn merge_shared_rdma_devices(drafts: Vec<Draft>, reasons: &mut Vec<Unresolved>) -> Vec<Draft> {
     let mut out: Vec<Draft> = Vec::with_capacity(drafts.len());
     for d in drafts {
         match out.last_mut() {
             Some(prev) if prev.endpoint.rdma_device == d.endpoint.rdma_device => {
                 if prev.edits != d.edits {
-                    reasons.push(format!(
-                        "RDMA device {} is bound to endpoints that inject different device nodes",
-                        d.endpoint.rdma_device
-                    ));
+                    reasons.push(Unresolved::ConflictingNodes(d.endpoint.rdma_device.clone()));
                     continue;
                 }
                 prev.endpoint.interfaces.extend(d.endpoint.interfaces);

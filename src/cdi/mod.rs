@@ -18,7 +18,7 @@ mod annotations;
 mod generate;
 
 pub use annotations::{AnnotationError, EndpointAnnotations, Key, INTERFACE_SEPARATOR, PREFIX};
-pub use generate::{endpoints, spec, CdiError};
+pub use generate::{endpoints, spec, CdiError, Unresolved};
 
 /// The lowest CDI version with the fields we use (annotations need 0.6.0).
 pub const CDI_VERSION: &str = "0.6.0";

@@ -103,11 +103,11 @@ pub struct Cli {
     pub replayed_rails: Option<crate::rails::RailAnswers>,
 }
 
-use crate::names::duration_in;
 /// Kept here for callers that name it through the command line module.
 pub use crate::names::parse_namespace;
+use crate::names::{duration_in, DurationError};
 
-fn parse_tool_timeout(s: &str) -> Result<Duration, String> {
+fn parse_tool_timeout(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 
@@ -375,7 +375,7 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         Command::Publish(p) => return publish::publish_loop(cli, p),
         Command::Capture(c) => capture::capture(cli, c)?,
         Command::Observe(o) => o.run()?,
-        Command::Crd => emit(cluster::record::crd_yaml())?,
+        Command::Crd => emit(cluster::node_rail_record::crd_yaml())?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,7 +2,7 @@
 
 use super::rails::{publish_rails, RailArgs};
 use super::{folder_and_name, Cli};
-use crate::names::duration_in;
+use crate::names::{duration_in, DurationError};
 use crate::{cluster, nfd, pass, publish};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -11,12 +11,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tracing::{error, info};
 
-fn parse_interval(s: &str) -> Result<Duration, String> {
+fn parse_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
 }
 
 /// `0s` turns expiry off; otherwise at most a year, far past any interval.
-fn parse_expiry(s: &str) -> Result<Duration, String> {
+fn parse_expiry(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::ZERO, Duration::from_secs(365 * 24 * 3600))
 }
 
@@ -163,7 +163,7 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
-    publish::write_if_changed(state_dir, publish::STATE_RECORD, json.as_bytes())?;
+    publish::write_if_changed(state_dir, publish::STATE_FILE, json.as_bytes())?;
     let rails = args.rails.config(cli.tool_timeout).and_then(|config| {
         match (&args.rails_file, args.rails.target(config.as_ref())?) {
             (None, None) => Ok(()),

@@ -14,7 +14,7 @@
 //! record costs no request.
 
 use super::error::status_message;
-use super::record::{self, NodeRailRecord, GROUP};
+use super::node_rail_record::{self, NodeRailRecord, GROUP};
 use super::{client, code, ClusterError, ConfigMapRef, CONFIGMAP_LIMIT, FIELD_MANAGER};
 use crate::rails::RailRecord;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -318,12 +318,12 @@ pub async fn apply_record(
     record: &RailRecord,
 ) -> Result<(), ClusterError> {
     let api: Api<NodeRailRecord> = Api::all(client.clone());
-    let object = record::object(node, record);
+    let object = node_rail_record::object(node, record);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let request = format!("APPLY NodeRailRecord {node}");
     match api.patch(node, &params, &Patch::Apply(&object)).await {
         Ok(_) => Ok(()),
-        Err(e) => Err(record::record_error(
+        Err(e) => Err(node_rail_record::record_error(
             request,
             "`patch` (and `create`) on noderailrecords",
             e,
@@ -333,11 +333,11 @@ pub async fn apply_record(
 
 /// Deletes this node's NodeRailRecord (an empty rail result); absent is fine.
 pub async fn delete_record(client: &Client, node: &str) -> Result<(), ClusterError> {
-    let api = record::records_untyped(client);
+    let api = node_rail_record::records_untyped(client);
     match api.delete(node, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(e) if code(&e) == Some(404) && !record::no_resource(&e) => Ok(()),
-        Err(e) => Err(record::record_error(
+        Err(e) if code(&e) == Some(404) && !node_rail_record::no_resource(&e) => Ok(()),
+        Err(e) => Err(node_rail_record::record_error(
             format!("DELETE NodeRailRecord {node}"),
             "`delete` on noderailrecords",
             e,

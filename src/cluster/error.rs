@@ -145,8 +145,8 @@ pub(crate) fn status_message(e: &kube::Error) -> String {
     }
 }
 
-/// An error and its sources joined by `: `, as `anyhow`'s `{:#}` prints
-/// them, for the log lines of a process that carries on after the error.
+/// An error and its sources joined by `: `, as the command line prints a
+/// cause chain, for the log lines of a process that carries on after the error.
 pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {

@@ -3,7 +3,7 @@
 //! - [`client`]: the one way to the API server (configuration, one runtime
 //!   and one client per process, the retry policy, timeouts);
 //! - [`broker`]: what every node's `nodefabric rails`/`publish` writes, its
-//!   key of the shared ConfigMap or its own NodeRailRecord ([`record`]);
+//!   key of the shared ConfigMap or its own NodeRailRecord ([`node_rail_record`]);
 //! - [`observer`]: the Node Observer, which creates and owns the shared
 //!   ConfigMap and removes the records of deleted or replaced Nodes;
 //! - [`health`]: the probes of the long-running parts.
@@ -15,8 +15,8 @@ pub mod broker;
 pub mod client;
 mod error;
 pub mod health;
+pub mod node_rail_record;
 pub mod observer;
-pub mod record;
 
 pub use client::SERVICE_ACCOUNT_DIR;
 pub(crate) use error::code;

@@ -9,7 +9,7 @@ pub mod rail_inputs;
 pub mod rdma;
 
 use crate::pci;
-use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, RECORD_VERSION};
+use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, NODE_RECORD_VERSION};
 use crate::sysfs::{join, SysError, SysRoot};
 use std::collections::HashMap;
 
@@ -40,7 +40,7 @@ pub fn discover(
     } = net::interfaces(root)?;
     let groups = accel::accelerators(root, previous, &vf_parents)?;
     let mut record = NodeRecord {
-        version: RECORD_VERSION,
+        version: NODE_RECORD_VERSION,
         spec: Spec {
             interfaces,
             groups,
@@ -68,6 +68,7 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
             match index.lookup(ibdev) {
                 Ok(dev) => iface.verbs = Some(dev),
                 Err(why) => {
+                    let why = why.to_string();
                     if index.has_unreadable() {
                         keep::note(iface, Fact::Verbs, why.clone());
                     }

@@ -151,7 +151,7 @@ fn run(bin: &Path, args: &[&str], origin: String, timeout: Duration) -> Answer {
     let output = match crate::tool::output_if_installed(bin, args, timeout) {
         Ok(Some(text)) => Output::Printed(text),
         Ok(None) => Output::NotInstalled,
-        Err(why) => Output::Failed(why),
+        Err(why) => Output::Failed(why.to_string()),
     };
     Answer {
         origin: Origin::Command(origin),

@@ -154,14 +154,26 @@ impl VerbsIndex {
     }
 
     /// The verbs device of `ibdev`, or a diagnostic naming every place checked.
-    pub fn lookup(&self, ibdev: &str) -> Result<CharDevice, String> {
-        self.by_ibdev.get(ibdev).cloned().ok_or_else(|| {
-            format!(
-                "no verbs device for RDMA device {ibdev}; checked: {}",
-                self.checked.join(", ")
-            )
-        })
+    pub fn lookup(&self, ibdev: &str) -> Result<CharDevice, NoVerbsDevice> {
+        self.by_ibdev
+            .get(ibdev)
+            .cloned()
+            .ok_or_else(|| NoVerbsDevice {
+                rdma_device: ibdev.to_string(),
+                checked: self.checked.clone(),
+            })
     }
+}
+
+/// An RDMA device with no verbs character device; the text is the
+/// endpoint's `verbsError`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no verbs device for RDMA device {rdma_device}; checked: {}", .checked.join(", "))]
+pub struct NoVerbsDevice {
+    /// The RDMA device looked up.
+    pub rdma_device: String,
+    /// Every place checked, each with what it held.
+    pub checked: Vec<String>,
 }
 
 /// The connection-manager device from `class/misc/rdma_cm/dev`, if the host has one.

@@ -23,21 +23,67 @@ pub enum Answer<T> {
 
 impl<T: Clone> Answer<T> {
     /// Wraps a reader's result.
-    pub fn from_result(r: &Result<T, String>) -> Self {
+    pub fn from_result(r: &Result<T, Unreadable>) -> Self {
         match r {
             Ok(v) => Answer::Read(v.clone()),
-            Err(e) => Answer::Unreadable(e.clone()),
+            Err(e) => Answer::Unreadable(e.to_string()),
         }
     }
 
     /// The reader's result again.
-    pub fn to_result(&self) -> Result<T, String> {
+    pub fn to_result(&self) -> Result<T, Unreadable> {
         match self {
             Answer::Read(v) => Ok(v.clone()),
-            Answer::Unreadable(e) => Err(e.clone()),
+            Answer::Unreadable(e) => Err(Unreadable::Recorded(e.clone())),
         }
     }
 }
+
+/// Why a vendor's fabric answer could not be read. The text is what a
+/// capture records and what each accelerator's note says, so every variant
+/// prints its cause itself rather than as a source.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreadable {
+    /// A replayed capture that holds no NVIDIA answer.
+    #[error("the capture holds no NVIDIA answer")]
+    NotCaptured,
+    /// A replayed capture's unreadable answer, word for word.
+    #[error("{0}")]
+    Recorded(String),
+    /// `nvidia-smi` could not be run or gave no answer.
+    #[error("{0}")]
+    Tool(crate::tool::ToolError),
+    /// NVML could not be loaded or asked.
+    #[error("{0}")]
+    Nvml(super::nvml::NvmlError),
+    /// A saved answer file could not be read.
+    #[error("{0}")]
+    Input(crate::input::InputError),
+    /// NVIDIA's answer is not one `nvidia-smi -q` gives.
+    #[error("{origin}: {reason}")]
+    Nvidia {
+        /// The command or file it came from.
+        origin: String,
+        /// Why it does not parse.
+        reason: super::nvidia::ParseError,
+    },
+    /// The Ascend super-pod file is not one.
+    #[error("{origin}: {reason}")]
+    Ascend {
+        /// The file.
+        origin: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// Ascend accelerators, but no `--ascend-fabric` to read.
+    #[error("no --ascend-fabric input given")]
+    NoAscendInput,
+}
+
+/// A capture's `vendor/fabric.json` that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error("vendor/{FILE}: {0}")]
+pub struct AnswersError(serde_json::Error);
 
 /// Every vendor answer of one pass; a vendor the pass did not ask is absent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -61,8 +107,8 @@ impl Answers {
 
     /// Reads a capture's answers; the file comes from a stranger's archive,
     /// so anything that is not this exact shape is an error naming why.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Answers, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("vendor/{FILE}: {e}"))
+    pub fn from_bytes(bytes: &[u8]) -> Result<Answers, AnswersError> {
+        serde_json::from_slice(bytes).map_err(AnswersError)
     }
 }
 

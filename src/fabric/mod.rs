@@ -14,6 +14,7 @@ pub mod nvml;
 
 use crate::record::{Fabric, NodeRecord, Vendor};
 use crate::sysfs::SysRoot;
+use answers::Unreadable;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -64,12 +65,12 @@ impl Default for Sources {
 
 impl Sources {
     /// NVIDIA's answer: the replayed one, or a fresh read; noted for capture.
-    fn nvidia_answer(&self) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
+    fn nvidia_answer(&self) -> Result<BTreeMap<String, nvidia::FabricInfo>, Unreadable> {
         let answer = match &self.replay {
-            Some(r) => r.nvidia.as_ref().map_or_else(
-                || Err("the capture holds no NVIDIA answer".to_string()),
-                |a| a.to_result(),
-            ),
+            Some(r) => r
+                .nvidia
+                .as_ref()
+                .map_or(Err(Unreadable::NotCaptured), |a| a.to_result()),
             None => nvidia_blocks(self),
         };
         if let Some(rec) = &self.recorder {
@@ -80,13 +81,15 @@ impl Sources {
 
     /// Ascend's super-pod answers: the replayed ones, or the file's; noted
     /// for capture. `None` when no Ascend input was given (nothing to read).
-    fn ascend_answers(&self) -> Option<Result<BTreeMap<String, ascend::Answer>, String>> {
+    fn ascend_answers(&self) -> Option<Result<BTreeMap<String, ascend::Answer>, Unreadable>> {
         let answer = match (&self.replay, &self.ascend) {
             (Some(r), _) => r.ascend.as_ref().map(|a| a.to_result()),
-            (None, Some(f)) => Some(
-                read_capped(f)
-                    .and_then(|t| ascend::parse(&t).map_err(|e| format!("{}: {e}", f.display()))),
-            ),
+            (None, Some(f)) => Some(read_capped(f).and_then(|t| {
+                ascend::parse(&t).map_err(|reason| Unreadable::Ascend {
+                    origin: f.display().to_string(),
+                    reason,
+                })
+            })),
             (None, None) => None,
         };
         if let (Some(rec), Some(a)) = (&self.recorder, &answer) {
@@ -99,11 +102,13 @@ impl Sources {
 /// Every NVIDIA GPU's Fabric block, keyed by PCI address, from the chosen
 /// source. Running `nvidia-smi` (a missing binary, a failure, a hang past
 /// the timeout) and reading its answer can each fail: all are unreadable.
-fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInfo>, String> {
-    let run_q = |bin: &std::path::Path| crate::tool::output(bin, &["-q"], sources.timeout);
+fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInfo>, Unreadable> {
+    let run_q = |bin: &std::path::Path| {
+        crate::tool::output(bin, &["-q"], sources.timeout).map_err(Unreadable::Tool)
+    };
     let (text, origin) = match &sources.nvidia {
         NvidiaSource::Nvml(lib) => {
-            return nvml::read(Some(lib.as_os_str())).map_err(|e| e.to_string())
+            return nvml::read(Some(lib.as_os_str())).map_err(Unreadable::Nvml)
         }
         NvidiaSource::Auto => match nvml::read(None) {
             Ok(blocks) => return Ok(blocks),
@@ -114,25 +119,25 @@ fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInf
                     "nvidia-smi -q".to_string(),
                 )
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(Unreadable::Nvml(e)),
         },
         NvidiaSource::Command(bin) => (run_q(bin)?, format!("{} -q", bin.display())),
         NvidiaSource::File(f) => (read_capped(f)?, f.display().to_string()),
     };
-    nvidia::parse_any(&text).map_err(|e| format!("{origin}: {e}"))
+    nvidia::parse_any(&text).map_err(|reason| Unreadable::Nvidia { origin, reason })
 }
 
 /// Reads a saved vendor answer, refusing anything that is not a regular file
 /// (it is read on every pass, so a pipe has no place here) or is larger
 /// than a tool's answer can be.
-fn read_capped(f: &std::path::Path) -> Result<String, String> {
+fn read_capped(f: &std::path::Path) -> Result<String, Unreadable> {
     crate::input::read_text(
         f,
         crate::tool::MAX_OUTPUT,
         "a vendor answer",
         crate::input::Pipes::Refuse,
     )
-    .map_err(|e| e.to_string())
+    .map_err(Unreadable::Input)
 }
 
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
@@ -158,7 +163,7 @@ pub fn apply(
                     match blocks.get(&acc.pci_bus_id) {
                         Some(info) => match nvidia::fabric(info) {
                             Ok(f) => acc.topology.fabric = Some(f),
-                            Err(why) => acc.fabric_note = Some(why),
+                            Err(why) => acc.fabric_note = Some(why.to_string()),
                         },
                         None => {
                             acc.fabric_note =
@@ -194,7 +199,7 @@ pub fn apply(
             }
             Vendor::Ascend => {
                 let answers = match sources.ascend_answers() {
-                    None => Err("no --ascend-fabric input given".to_string()),
+                    None => Err(Unreadable::NoAscendInput),
                     Some(Err(e)) => {
                         keep_previous(&mut group.accelerators, "Ascend", &e, previous);
                         continue;
@@ -214,7 +219,7 @@ pub fn apply(
                                     Some("the Ascend fabric input has no entry for this NPU".into())
                             }
                         },
-                        Err(e) => acc.fabric_note = Some(e.clone()),
+                        Err(e) => acc.fabric_note = Some(e.to_string()),
                     }
                 }
             }
@@ -239,7 +244,7 @@ pub fn apply(
 fn keep_previous(
     accs: &mut [crate::record::Accelerator],
     maker: &str,
-    e: &str,
+    e: &Unreadable,
     previous: Option<&NodeRecord>,
 ) {
     let mut kept = 0;

@@ -243,19 +243,35 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, FabricInfo>, ParseError> {
     Ok(out)
 }
 
+/// Why a GPU's Fabric block publishes no fabric; the text is the GPU's note.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoFabric {
+    /// The fabric manager has not finished registering the GPU.
+    #[error("NVLink fabric registration state is {0:?}, not Completed")]
+    NotRegistered(String),
+    /// Registration finished with a failure.
+    #[error("NVLink fabric registration completed with status {0:?}")]
+    Failed(String),
+    /// The cluster UUID is not 32 hex digits.
+    #[error("NVLink cluster UUID {0:?} is not a UUID")]
+    BadUuid(String),
+    /// The all-zero UUID: registered, but in no cluster.
+    #[error("NVLink cluster UUID is all zeros: no cluster assigned")]
+    NoCluster,
+    /// A clique id that is not a number.
+    #[error("NVLink clique id {0:?} is not a number")]
+    BadClique(String),
+}
+
 /// Applies the publication rules to one GPU's block: the fabric, or why none.
-pub fn fabric(info: &FabricInfo) -> Result<Fabric, String> {
+pub fn fabric(info: &FabricInfo) -> Result<Fabric, NoFabric> {
     let state = info.state.as_deref().unwrap_or("absent");
     if state != "Completed" {
-        return Err(format!(
-            "NVLink fabric registration state is {state:?}, not Completed"
-        ));
+        return Err(NoFabric::NotRegistered(state.to_string()));
     }
     let status = info.status.as_deref().unwrap_or("absent");
     if status != "Success" {
-        return Err(format!(
-            "NVLink fabric registration completed with status {status:?}"
-        ));
+        return Err(NoFabric::Failed(status.to_string()));
     }
     let uuid = info.cluster_uuid.as_deref().unwrap_or("");
     let hex: String = uuid
@@ -264,10 +280,10 @@ pub fn fabric(info: &FabricInfo) -> Result<Fabric, String> {
         .collect::<String>()
         .to_ascii_lowercase();
     if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!("NVLink cluster UUID {uuid:?} is not a UUID"));
+        return Err(NoFabric::BadUuid(uuid.to_string()));
     }
     if hex.chars().all(|c| c == '0') {
-        return Err("NVLink cluster UUID is all zeros: no cluster assigned".into());
+        return Err(NoFabric::NoCluster);
     }
     let clique = info
         .clique_id
@@ -276,7 +292,7 @@ pub fn fabric(info: &FabricInfo) -> Result<Fabric, String> {
         .filter(|c| !c.is_empty() && *c != "N/A");
     if let Some(c) = clique {
         if !c.chars().all(|ch| ch.is_ascii_digit()) {
-            return Err(format!("NVLink clique id {c:?} is not a number"));
+            return Err(NoFabric::BadClique(c.to_string()));
         }
     }
     Ok(Fabric {

@@ -174,18 +174,23 @@ mod tests {
         assert_eq!(done.clique_id.as_deref(), Some("7"));
         assert!(fabric(&from_raw(2, 0, 7, UUID))
             .unwrap_err()
+            .to_string()
             .contains("In Progress"));
         assert!(fabric(&from_raw(1, 0, 0, [0; 16]))
             .unwrap_err()
+            .to_string()
             .contains("Not Started"));
         assert!(fabric(&from_raw(0, 0, 0, [0; 16]))
             .unwrap_err()
+            .to_string()
             .contains("Not Supported"));
         assert!(fabric(&from_raw(3, 999, 7, UUID))
             .unwrap_err()
+            .to_string()
             .contains("NVML error 999"));
         assert!(fabric(&from_raw(3, 0, 7, [0; 16]))
             .unwrap_err()
+            .to_string()
             .contains("all zeros"));
     }
 

@@ -5,7 +5,7 @@ use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
 use crate::kubelet::signals;
-use crate::names::{duration_in, parse_namespace};
+use crate::names::{duration_in, parse_namespace, DurationError};
 use clap::builder::BoolishValueParser;
 use clap::Parser;
 use std::net::SocketAddr;
@@ -119,11 +119,11 @@ pub struct PluginCli {
     pub log_level: tracing::Level,
 }
 
-fn parse_poll_interval(s: &str) -> Result<Duration, String> {
+fn parse_poll_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
 }
 
-fn parse_drain_timeout(s: &str) -> Result<Duration, String> {
+fn parse_drain_timeout(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 

@@ -31,7 +31,7 @@ pub use answers::{Inputs, RailAnswers};
 pub use select::{GpuPaths, RailNic, SelectError};
 
 /// The record format's version; bumped on any incompatible change.
-pub const RECORD_VERSION: &str = "rails.nodefabric.gpustack.ai/v1";
+pub const RAIL_RECORD_FORMAT: &str = "rails.nodefabric.gpustack.ai/v1";
 
 /// The rail source that reads LLDP neighbours (the seed's, and the default).
 pub const HOST_LLDP: &str = "host-lldp";
@@ -47,7 +47,11 @@ pub const RAIL_SOURCES: [&str; 2] = [HOST_LLDP, INTERFACE_NAME];
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailRecord {
-    /// The record format version (`rails.nodefabric.gpustack.ai/v1`, [`RECORD_VERSION`]).
+    /// The record format version (`rails.nodefabric.gpustack.ai/v1`, [`RAIL_RECORD_FORMAT`]).
+    // The CRD's description keeps the words clusters already applied.
+    #[schemars(
+        description = "The record format version (`rails.nodefabric.gpustack.ai/v1`, [`RECORD_VERSION`])."
+    )]
     pub version: String,
     /// The Node object's UID, so a cluster publisher can tell a replaced node
     /// with a reused name; empty when not given.
@@ -227,7 +231,7 @@ pub fn build(
         PortSource::InterfaceName => named_rails(record, &opts.interface_regex, &opts.rail_id)?,
     };
     let mut out = RailRecord {
-        version: RECORD_VERSION.into(),
+        version: RAIL_RECORD_FORMAT.into(),
         node_uid: opts.node_uid.clone(),
         rail_source: opts.source.name().into(),
         nics: nic_rails

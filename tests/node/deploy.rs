@@ -85,7 +85,7 @@ fn every_manifest_is_a_typed_object_with_only_known_fields() {
 fn the_crd_in_deploy_is_the_one_the_rust_type_derives() {
     let file = fs::read_to_string(deploy().join("crds/noderailrecords.yaml")).unwrap();
     assert!(
-        file == nodefabric::cluster::record::crd_yaml(),
+        file == nodefabric::cluster::node_rail_record::crd_yaml(),
         "deploy/crds/noderailrecords.yaml is not current: run `cargo run -- crd > deploy/crds/noderailrecords.yaml`"
     );
     let crd: CustomResourceDefinition = typed(

@@ -21,7 +21,7 @@
 //! few MiB, and requests beyond the list grow with the stale records alone.
 
 use super::stale_keys::{node_now, Nodes, Outcome};
-use crate::cluster::record::{
+use crate::cluster::node_rail_record::{
     no_resource, owner_uid, record_error, records_untyped, NodeRailRecord,
 };
 use crate::cluster::{code, ClusterError};

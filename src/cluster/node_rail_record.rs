@@ -72,6 +72,8 @@ pub struct NodeRailRecordSpec {
 pub fn crd_yaml() -> String {
     let crd = NodeRailRecord::crd();
     let body = serde_saphyr::to_string(&crd).expect("a CRD serialises to YAML");
+    // The header keeps this module's former path so the CRD in deploy/crds/
+    // stays byte for byte what clusters already applied.
     format!(
         "# Generated from the Rust type (src/cluster/record.rs) by `nodefabric crd`;\n\
          # a test keeps this file equal to that output.\n{body}"
@@ -227,7 +229,7 @@ mod tests {
     #[test]
     fn the_rail_count_is_distinct_rails_not_nics() {
         let mut r = RailRecord {
-            version: crate::rails::RECORD_VERSION.into(),
+            version: crate::rails::RAIL_RECORD_FORMAT.into(),
             node_uid: "u".into(),
             rail_source: "host-lldp".into(),
             nics: Default::default(),
