@@ -72,10 +72,8 @@ pub struct NodeRailRecordSpec {
 pub fn crd_yaml() -> String {
     let crd = NodeRailRecord::crd();
     let body = serde_saphyr::to_string(&crd).expect("a CRD serialises to YAML");
-    // The header keeps this module's former path so the CRD in deploy/crds/
-    // stays byte for byte what clusters already applied.
     format!(
-        "# Generated from the Rust type (src/cluster/record.rs) by `nodefabric crd`;\n\
+        "# Generated from the Rust type (src/cluster/node_rail_record.rs) by `nodefabric crd`;\n\
          # a test keeps this file equal to that output.\n{body}"
     )
 }
