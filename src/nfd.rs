@@ -30,6 +30,28 @@ pub fn label_lines(labels: &LabelSet, namespace: &str) -> String {
 #[error("feature file would be {0} bytes, over NFD's {max}-byte limit (nfd-worker would ignore it)", max = MAX_FEATURE_FILE)]
 pub struct TooLarge(pub usize);
 
+/// The last time RFC 3339 (and so the expiry directive) can write:
+/// 9999-12-31T23:59:59Z.
+const LAST_WRITABLE: Duration = Duration::from_secs(253_402_300_799);
+
+/// An expiry time past what the directive can write.
+#[derive(Debug, thiserror::Error)]
+#[error("--expiry {} from {} lies past 9999-12-31T23:59:59Z, the last time the expiry directive can write", humantime::format_duration(*ttl), humantime::format_rfc3339_seconds(*now))]
+pub struct ExpiryTooLate {
+    /// The time of the pass.
+    pub now: SystemTime,
+    /// The lifetime asked for.
+    pub ttl: Duration,
+}
+
+/// When labels written at `now` with lifetime `ttl` lapse; a time the
+/// directive cannot write is an error rather than a panic in [`render`].
+pub fn expiry_at(now: SystemTime, ttl: Duration) -> Result<SystemTime, ExpiryTooLate> {
+    now.checked_add(ttl)
+        .filter(|t| *t <= SystemTime::UNIX_EPOCH + LAST_WRITABLE)
+        .ok_or(ExpiryTooLate { now, ttl })
+}
+
 /// The whole file, refused when NFD would ignore it for its size.
 pub fn render_checked(
     labels: &LabelSet,
@@ -43,7 +65,8 @@ pub fn render_checked(
     Ok(text)
 }
 
-/// The whole file: header, optional expiry directive, label lines.
+/// The whole file: header, optional expiry directive (a time from
+/// [`expiry_at`]), label lines.
 pub fn render(labels: &LabelSet, namespace: &str, expiry: Option<SystemTime>) -> String {
     let mut out = String::from(HEADER);
     if let Some(t) = expiry {
@@ -123,6 +146,18 @@ mod tests {
         let err = render_checked(&big, "feature.gpustack.ai", None).unwrap_err();
         assert!(err.0 > MAX_FEATURE_FILE);
         assert!(render_checked(&set(&[("a", "b")]), "ns", None).is_ok());
+    }
+
+    #[test]
+    fn an_expiry_past_year_9999_is_an_error_not_a_panic() {
+        let now = humantime::parse_rfc3339("9999-12-31T00:00:00Z").unwrap();
+        let err = expiry_at(now, Duration::from_secs(48 * 3600)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--expiry 2days from 9999-12-31T00:00:00Z lies past 9999-12-31T23:59:59Z, the last time the expiry directive can write"
+        );
+        let last = expiry_at(now, Duration::from_secs(86399)).unwrap();
+        assert!(render(&set(&[]), "ns", Some(last)).contains("9999-12-31T23:59:59Z"));
     }
 
     #[test]

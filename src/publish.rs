@@ -41,6 +41,24 @@ pub enum PublishError {
     /// CDI families whose spec could not be generated (each previous file kept).
     #[error("CDI specs not written: {}", .0.join(" | "))]
     CdiNotWritten(Vec<String>),
+    /// Outputs of a pass that could not be written, each with its cause; the
+    /// feature file is then left as it was, so the labels never announce
+    /// what the CDI specs and the record do not hold.
+    #[error("not written: {}; previous feature file kept", .0.join(" | "))]
+    NotWritten(Vec<String>),
+}
+
+impl PublishError {
+    /// The error and each of its causes on one line, for a list of several.
+    pub fn one_line(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        text
+    }
 }
 
 /// A `PublishError::Io` for `step` on `path`, for `map_err`.
@@ -76,7 +94,7 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         .set_permissions(fs::Permissions::from_mode(FILE_MODE))
         .and_then(|_| tmp.write_all(bytes))
         .and_then(|_| tmp.as_file().sync_all())
-        .map_err(io("writing", tmp.path()))?;
+        .map_err(io("writing", &target))?;
     tmp.persist(&target)
         .map_err(|e| io("renaming into", &target)(e.error))?;
     // Make the rename itself durable; a failure here is not worth failing the pass.
@@ -96,7 +114,7 @@ pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
     for (_, dir) in dirs {
         fs::create_dir_all(dir).map_err(io("creating", dir))?;
         tempfile::Builder::new()
-            .prefix(".nodefabric-check.")
+            .prefix(CHECK_PREFIX)
             .tempfile_in(dir)
             .map_err(|source| PublishError::Refused {
                 path: dir.to_path_buf(),
@@ -104,6 +122,63 @@ pub fn check_folders(dirs: &[(&str, &Path)]) -> Result<()> {
             })?;
     }
     Ok(())
+}
+
+/// The prefix of [`check_folders`]'s probe files.
+const CHECK_PREFIX: &str = ".nodefabric-check.";
+
+/// How old a temp file of ours must be before a pass takes it for one left
+/// by a killed write: far past any write's time, so a concurrent one (a
+/// second publisher during a rollout) keeps its file.
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether `file` is a temp file [`write_atomic`] (or the folder check)
+/// makes for one of `names`: `.NAME.` or the check's prefix, then the six
+/// letters or digits the temp file library adds, and nothing else.
+fn is_own_temp(file: &str, names: &[&str]) -> bool {
+    let suffix_ok = |rest: &str| rest.len() == 6 && rest.bytes().all(|b| b.is_ascii_alphanumeric());
+    if let Some(rest) = file.strip_prefix(CHECK_PREFIX) {
+        return suffix_ok(rest);
+    }
+    names.iter().any(|name| {
+        file.strip_prefix('.')
+            .and_then(|f| f.strip_prefix(name))
+            .and_then(|f| f.strip_prefix('.'))
+            .is_some_and(suffix_ok)
+    })
+}
+
+/// Removes from `dir` the temp files of our own `names` that a killed
+/// write left behind (older than [`STALE_TEMP_AGE`], regular files only).
+/// Another tool's files are never touched; a file that cannot be removed
+/// is logged and left, it costs only its space.
+pub fn remove_stale_temps(dir: &Path, names: &[&str]) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(file) = file.to_str() else { continue };
+        if !is_own_temp(file, names) {
+            continue;
+        }
+        let stale = entry.metadata().is_ok_and(|m| {
+            m.is_file()
+                && m.modified()
+                    .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > STALE_TEMP_AGE))
+        });
+        if !stale {
+            continue;
+        }
+        match fs::remove_file(entry.path()) {
+            Ok(()) => info!(
+                "removed {}, left by an interrupted write",
+                entry.path().display()
+            ),
+            Err(e) => warn!("could not remove {}: {e}", entry.path().display()),
+        }
+    }
 }
 
 /// Why one of `dirs` (each with what it is for: "the CDI folder") can take
@@ -115,10 +190,11 @@ pub fn stale_folder(dirs: &[(&str, &Path)]) -> Option<String> {
         .map(|(what, d)| crate::mounts::stale_reason(what, d))
 }
 
-/// The largest file of our own (a record, a spec, the feature file) read
-/// back: far past what 10,000 endpoints write, and a bound on what a file
-/// planted in our place can cost.
-pub const MAX_OWN_FILE: u64 = 256 << 20;
+/// The largest previous record read back: a few MiB past what 10,000
+/// endpoints write (see docs/benchmarks.md), and a bound on what a file
+/// planted in its place costs a publisher held to 64 MiB. A larger one is
+/// ignored with a warning: its facts are unknown for one pass.
+pub const MAX_RECORD: u64 = 32 << 20;
 
 /// Reads the previous record from the state folder; a missing or unreadable
 /// one is logged and treated as none (it only carries `firstSeen` times).
@@ -128,7 +204,7 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
     // every later pass.
     let text = match crate::input::read_text(
         &path,
-        MAX_OWN_FILE,
+        MAX_RECORD,
         "a node record",
         crate::input::Pipes::Refuse,
     ) {
@@ -156,11 +232,11 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
 /// Writes bytes only when they differ from what the file holds; returns
 /// whether it wrote.
 pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
-    // What cannot be read as a file (a FIFO, a folder, something huge) is
-    // simply replaced.
+    // What cannot be read as a file (a FIFO, a folder, something longer
+    // than the new bytes, so different anyway) is simply replaced, unread.
     let old = crate::input::read_bytes(
         &dir.join(name),
-        MAX_OWN_FILE,
+        bytes.len() as u64,
         "a file of ours",
         crate::input::Pipes::Refuse,
     );
@@ -171,32 +247,66 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
     Ok(true)
 }
 
-/// Writes one CDI spec per family into `dir`: changed specs are replaced
-/// atomically, a family with no endpoints has its file removed, and a family
-/// that cannot be generated keeps its previous file (the pass then fails).
-/// Files of other tools are never touched: only our own names are written.
-pub fn publish_cdi(dir: &Path, record: &NodeRecord) -> Result<()> {
-    fs::create_dir_all(dir).map_err(io("creating", dir))?;
-    let mut failed = Vec::new();
+/// The CDI specs of one record, made before anything is written.
+#[derive(Debug)]
+pub struct CdiFiles {
+    /// Each family's file name and bytes; `None` when the family has no
+    /// endpoints left (its file is removed).
+    files: Vec<(&'static str, Option<Vec<u8>>)>,
+    /// Families that cannot be generated: each keeps its previous file.
+    failed: Vec<String>,
+}
+
+/// Makes one CDI spec per family for `dir`. A family that cannot be
+/// generated keeps its previous file and is listed for the pass's error.
+pub fn prepare_cdi(dir: &Path, record: &NodeRecord) -> CdiFiles {
+    let mut out = CdiFiles {
+        files: Vec::new(),
+        failed: Vec::new(),
+    };
     for family in Family::ALL {
         let name = family.file_name();
         match cdi::spec(record, family) {
-            Ok(Some(spec)) => {
-                if write_if_changed(dir, name, &cdi::to_bytes(&spec))? {
-                    info!("wrote {}", dir.join(name).display());
-                }
-            }
-            Ok(None) => match fs::remove_file(dir.join(name)) {
-                Ok(()) => info!("removed {}: no endpoints left", dir.join(name).display()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("removing", &dir.join(name))(e)),
-            },
+            Ok(spec) => out.files.push((name, spec.map(|s| cdi::to_bytes(&s)))),
             // Reported once, by the pass's error; the previous file stays.
-            Err(e) => failed.push(format!("{} kept: {e}", dir.join(name).display())),
+            Err(e) => out
+                .failed
+                .push(format!("{} kept: {e}", dir.join(name).display())),
         }
     }
-    if !failed.is_empty() {
-        return Err(PublishError::CdiNotWritten(failed));
+    out
+}
+
+impl CdiFiles {
+    /// The families that could not be generated, as the pass's error.
+    pub fn not_generated(&self) -> Result<()> {
+        if self.failed.is_empty() {
+            return Ok(());
+        }
+        Err(PublishError::CdiNotWritten(self.failed.clone()))
     }
-    Ok(())
+}
+
+/// Writes the prepared specs into `dir`: changed specs are replaced
+/// atomically, a family with no endpoints has its file removed. Every file
+/// is tried; each one that failed is returned. Files of other tools are
+/// never touched: only our own names are written.
+pub fn write_cdi(dir: &Path, specs: &CdiFiles) -> Vec<PublishError> {
+    let mut failed = Vec::new();
+    for (name, bytes) in &specs.files {
+        let path = dir.join(name);
+        match bytes {
+            Some(bytes) => match write_if_changed(dir, name, bytes) {
+                Ok(true) => info!("wrote {}", path.display()),
+                Ok(false) => {}
+                Err(e) => failed.push(e),
+            },
+            None => match fs::remove_file(&path) {
+                Ok(()) => info!("removed {}: no endpoints left", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => failed.push(io("removing", &path)(e)),
+            },
+        }
+    }
+    failed
 }

@@ -15,6 +15,47 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// few hundred KiB, so more than this is not an answer but a runaway.
 pub const MAX_OUTPUT: u64 = 16 * 1024 * 1024;
 
+/// The most of a failing tool's standard error an error keeps: the first
+/// lines say what went wrong, and the text is copied into every
+/// accelerator's note and the record, so a runaway must not be.
+pub const MAX_STDERR_KEPT: usize = 256;
+
+/// `text` cut to at most `max` bytes at a character boundary, with the
+/// length of the whole (`total` bytes) said when anything was cut.
+pub fn cap_text(text: &str, max: usize, total: u64) -> String {
+    if text.len() <= max && total <= text.len() as u64 {
+        return text.to_string();
+    }
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{} …(truncated, {total} bytes in all)",
+        text[..end].trim_end()
+    )
+}
+
+/// The head of a failing tool's standard error as text, cut at a character
+/// boundary: `kept` is its first bytes, `total` how many it wrote.
+fn stderr_text(kept: &[u8], total: u64) -> String {
+    // A cut inside a character leaves an incomplete sequence at the end,
+    // which is dropped rather than shown as a replacement character.
+    let whole = match std::str::from_utf8(kept) {
+        Err(e) if e.error_len().is_none() && (kept.len() as u64) < total => {
+            &kept[..e.valid_up_to()]
+        }
+        _ => kept,
+    };
+    let text = String::from_utf8_lossy(whole);
+    let text = text.trim();
+    if (kept.len() as u64) < total {
+        cap_text(text, MAX_STDERR_KEPT, total)
+    } else {
+        text.to_string()
+    }
+}
+
 /// Why a tool's answer is unreadable, naming the command. The text is the
 /// whole answer a capture records and a note carries, so the I/O error is
 /// part of it rather than a source.
@@ -59,7 +100,8 @@ pub enum ToolError {
         cmd: String,
         /// How it exited.
         status: ExitStatus,
-        /// Its standard error, trimmed.
+        /// Its standard error, trimmed, at most [`MAX_STDERR_KEPT`] bytes
+        /// of it with the whole length when it was longer.
         stderr: String,
     },
     /// The tool printed more than [`MAX_OUTPUT`].
@@ -146,12 +188,7 @@ pub fn output_if_installed(
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let err = drain_head(child.stderr.take());
     let status = match child
         .wait_timeout(timeout)
         .map_err(|reason| ToolError::Wait {
@@ -176,18 +213,49 @@ pub fn output_if_installed(
         Ok(stdout) => stdout,
         Err(_) => return Err(ToolError::OutputOpen { cmd, timeout }),
     };
-    let stderr = err.recv_timeout(left()).unwrap_or_default();
+    let (stderr, total) = err.recv_timeout(left()).unwrap_or_default();
     if !status.success() {
         return Err(ToolError::Failed {
             cmd,
             status,
-            stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
+            stderr: stderr_text(&stderr, total),
         });
     }
     if stdout.len() as u64 > MAX_OUTPUT {
         return Err(ToolError::TooMuch { cmd });
     }
     Ok(Some(String::from_utf8_lossy(&stdout).into_owned()))
+}
+
+/// Reads `pipe` to its end on a thread of its own, keeping only its first
+/// [`MAX_STDERR_KEPT`] bytes and counting the rest: a tool that fails with
+/// megabytes of errors costs this process a few hundred bytes, and is never
+/// blocked on a full pipe. Hands over the head and the whole length.
+fn drain_head(
+    pipe: Option<std::process::ChildStderr>,
+) -> std::sync::mpsc::Receiver<(Vec<u8>, u64)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut head = Vec::with_capacity(MAX_STDERR_KEPT);
+        let mut total = 0u64;
+        if let Some(mut p) = pipe {
+            let mut buf = [0u8; 8192];
+            loop {
+                match p.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let room = MAX_STDERR_KEPT - head.len();
+                        head.extend_from_slice(&buf[..n.min(room)]);
+                        total += n as u64;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        let _ = tx.send((head, total));
+    });
+    rx
 }
 
 #[cfg(test)]
@@ -256,5 +324,32 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
+    }
+
+    #[test]
+    fn a_failing_tools_stderr_is_kept_to_its_head_and_its_length() {
+        let e = output(
+            Path::new("sh"),
+            &["-c", "printf x >&2; yes 'ééé' | head -c 99999 >&2; exit 3"],
+            DEFAULT_TIMEOUT,
+        )
+        .unwrap_err();
+        let ToolError::Failed { stderr, .. } = &e else {
+            panic!("{e}")
+        };
+        assert!(
+            stderr.len() <= MAX_STDERR_KEPT + 64,
+            "{} bytes",
+            stderr.len()
+        );
+        assert!(stderr.starts_with("xééé"), "{stderr}");
+        assert!(
+            stderr.ends_with(" …(truncated, 100000 bytes in all)"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains('\u{fffd}'), "{stderr}");
+        // A short one is kept whole, as it was.
+        assert_eq!(cap_text("short", 10, 5), "short");
+        assert_eq!(cap_text("ééé", 3, 6), "é …(truncated, 6 bytes in all)");
     }
 }

@@ -139,31 +139,49 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
         })?;
 
     let ttl = args.ttl();
-    let text = nfd::render_checked(&pass.labels, &cli.label_namespace, ttl.map(|t| now + t))
+    let expiry = ttl.map(|t| nfd::expiry_at(now, t)).transpose()?;
+    let text = nfd::render_checked(&pass.labels, &cli.label_namespace, expiry)
         .context("previous feature file kept")?;
     let (folders, rails) = output_folders(args);
     rails?;
     publish::check_folders(&folders)?;
+    remove_stale_temps(args);
     let dir = &args.features_dir;
-    // What cannot be read as our file is rewritten; it never stalls the pass.
+    // What cannot be read as our file (larger than NFD reads, a FIFO) is
+    // rewritten; it never stalls the pass.
     let existing = crate::input::read_text(
         &dir.join(nfd::FEATURE_FILE),
-        publish::MAX_OWN_FILE,
+        nfd::MAX_FEATURE_FILE as u64,
         "a feature file",
         crate::input::Pipes::Refuse,
     )
     .ok();
-    if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
-        let path = publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())?;
-        info!("wrote {}", path.display());
-    }
 
-    // The record is saved even when a CDI family fails, so firstSeen stays
-    // stable; the failure is still reported through the exit status.
-    let cdi = publish::publish_cdi(&args.cdi_dir, &pass.record);
+    // Everything is made before anything is written; the labels are written
+    // last, and only when the CDI specs and the record were: a pass cut
+    // short (a full disk) never leaves labels announcing devices the specs
+    // do not hold. The record is saved even when a CDI family cannot be
+    // generated, so firstSeen stays stable; that failure is still reported
+    // through the exit status, and the labels follow the pass.
+    let cdi = publish::prepare_cdi(&args.cdi_dir, &pass.record);
     let mut json = serde_json::to_string_pretty(&pass.record)?;
     json.push('\n');
-    publish::write_if_changed(state_dir, publish::STATE_FILE, json.as_bytes())?;
+    let mut failed = publish::write_cdi(&args.cdi_dir, &cdi);
+    if let Err(e) = publish::write_if_changed(state_dir, publish::STATE_FILE, json.as_bytes()) {
+        failed.push(e);
+    }
+    let written = if failed.is_empty() {
+        if nfd::needs_rewrite(existing.as_deref(), &text, now, ttl) {
+            publish::write_atomic(dir, nfd::FEATURE_FILE, text.as_bytes())
+                .map(|path| info!("wrote {}", path.display()))
+        } else {
+            Ok(())
+        }
+    } else {
+        Err(publish::PublishError::NotWritten(
+            failed.iter().map(publish::PublishError::one_line).collect(),
+        ))
+    };
     let rails = args.rails.config(cli.tool_timeout).and_then(|config| {
         match (&args.rails_file, args.rails.target(config.as_ref())?) {
             (None, None) => Ok(()),
@@ -178,5 +196,24 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
             ),
         }
     });
-    cdi.map_err(anyhow::Error::from).and(rails)
+    written
+        .and(cdi.not_generated())
+        .map_err(anyhow::Error::from)
+        .and(rails)
+}
+
+/// Removes the temp files a killed write of ours left in each output folder.
+fn remove_stale_temps(args: &PublishArgs) {
+    publish::remove_stale_temps(&args.features_dir, &[nfd::FEATURE_FILE]);
+    let specs: Vec<&str> = crate::cdi::Family::ALL
+        .iter()
+        .map(|f| f.file_name())
+        .collect();
+    publish::remove_stale_temps(&args.cdi_dir, &specs);
+    publish::remove_stale_temps(&args.state_dir, &[publish::STATE_FILE]);
+    if let Some(file) = &args.rails_file {
+        if let Ok((dir, name)) = folder_and_name(file, "--rails-file") {
+            publish::remove_stale_temps(dir, &[name]);
+        }
+    }
 }

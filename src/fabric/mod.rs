@@ -140,6 +140,10 @@ fn read_capped(f: &std::path::Path) -> Result<String, Unreadable> {
     .map_err(Unreadable::Input)
 }
 
+/// The longest note an accelerator carries: a note repeats for every
+/// accelerator in the record, so a vendor's runaway text must not.
+pub const MAX_NOTE: usize = 512;
+
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
 /// A manufacturer whose answer cannot be read keeps the previous record's
 /// fabric for its accelerators, so no label is withdrawn on a failed read.
@@ -149,6 +153,20 @@ pub fn apply(
     sources: &Sources,
     previous: Option<&NodeRecord>,
 ) {
+    fill(root, record, sources, previous);
+    for group in &mut record.spec.groups {
+        for acc in &mut group.accelerators {
+            if let Some(note) = &mut acc.fabric_note {
+                if note.len() > MAX_NOTE {
+                    *note = crate::tool::cap_text(note, MAX_NOTE, note.len() as u64);
+                }
+            }
+        }
+    }
+}
+
+/// [`apply`] before the notes are capped.
+fn fill(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
     for group in &mut record.spec.groups {
         match group.manufacturer {
             Vendor::Nvidia => {

@@ -963,3 +963,270 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Runs nodefabric with `args` (and `NODEFABRIC_NOW` as `now`) to its end,
+/// its stderr kept, and returns its exit code, stderr and peak RSS in MiB.
+/// The child is reaped by wait4(2), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+fn run_measured(
+    args: &[&str],
+    now: &str,
+    limit_file_size: Option<u64>,
+) -> (Option<i32>, String, i64) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+    // A pipe, not a file: the file-size limit below would cut a file short.
+    cmd.args(args)
+        .env("NODEFABRIC_NOW", now)
+        .env_remove("NODEFABRIC_SYSFS_ROOT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(limit) = limit_file_size {
+        // A disk that takes a small file but not a larger one, without root:
+        // a write past RLIMIT_FSIZE fails (EFBIG) as one past a full disk
+        // does (ENOSPC), and the signal that would kill the writer is ignored.
+        // SAFETY: setrlimit and signal are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                };
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut text).unwrap();
+        text
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our own unreaped child.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    let text = reader.join().unwrap();
+    (code, text, usage.ru_maxrss / 1024)
+}
+
+#[test]
+fn failing_nvidia_smis_stderr_is_capped_in_every_note() {
+    let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+    let tool = node.out.with_file_name("nvidia-smi");
+    // 20,000,000 bytes of two-byte characters after one one-byte one, so a
+    // cut at an even byte count falls inside a character.
+    fs::write(
+        &tool,
+        "#!/bin/sh\nprintf x >&2\nyes 'éééé' | head -c 19999999 >&2\nexit 9\n",
+    )
+    .unwrap();
+    fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let dirs = node.dirs();
+    let (code, err, rss_mib) = run_measured(
+        &node.args("publish", &dirs, &["--nvidia-smi", tool.to_str().unwrap()]),
+        NOW,
+        None,
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let state = node.out.join("state/record.json");
+    let size = fs::metadata(&state).unwrap().len();
+    assert!(size < 64 * 1024, "the record is {size} bytes");
+    let record: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&state).unwrap()).unwrap();
+    let mut notes = 0;
+    for group in record["spec"]["groups"].as_array().unwrap() {
+        for acc in group["accelerators"].as_array().unwrap() {
+            let note = acc["fabricNote"].as_str().unwrap();
+            notes += 1;
+            assert!(note.len() < 1024, "a {}-byte note", note.len());
+            assert!(
+                note.contains("exited with exit status: 9")
+                    && note.contains("(truncated, 20000000 bytes in all)"),
+                "{note}"
+            );
+            assert!(!note.contains('\u{fffd}'), "cut inside a character: {note}");
+        }
+    }
+    assert_eq!(notes, 8);
+    assert!(err.len() < 8 * 1024, "the warning is {} bytes", err.len());
+    assert!(rss_mib < 64, "peak RSS {rss_mib} MiB, over the 64Mi limit");
+}
+
+#[test]
+fn a_full_disk_mid_pass_writes_no_labels_that_disagree_with_the_cdi_specs() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let dirs = node.dirs();
+    node.publish(&[]);
+    let features = node.out.join("features.d/nodefabric");
+    let before = fs::read(&features).unwrap();
+    // The node changes: more endpoints, so the labels, the specs and the
+    // record all change. What they would be is learnt on a scratch copy.
+    let bigger = tempfile::tempdir().unwrap();
+    drop(fixtures::large(bigger.path(), 16));
+    let sys = bigger.path().to_str().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let s = |n: &str| scratch.path().join(n).to_str().unwrap().to_string();
+    let o = nodefabric(&[
+        "publish",
+        "--sysfs-root",
+        sys,
+        "--features-dir",
+        &s("f"),
+        "--cdi-dir",
+        &s("c"),
+        "--state-dir",
+        &s("s"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let new_labels = fs::read(scratch.path().join("f/nodefabric")).unwrap();
+    assert_ne!(new_labels, before, "the change changes the labels");
+    let limit = new_labels.len() as u64 + 1;
+    let mut bigger_files = vec!["state/record.json".to_string()];
+    for spec in fs::read_dir(scratch.path().join("c")).unwrap() {
+        let name = spec.unwrap().file_name().into_string().unwrap();
+        bigger_files.push(format!("cdi/{name}"));
+    }
+    assert!(bigger_files.len() > 1, "the change writes CDI specs");
+    for big in &bigger_files {
+        let scratch_path = big.replace("cdi/", "c/").replace("state/", "s/");
+        let len = fs::metadata(scratch.path().join(&scratch_path))
+            .unwrap()
+            .len();
+        assert!(len > limit, "{big} ({len} bytes) fits under {limit}");
+    }
+    let args = [
+        "publish",
+        "--sysfs-root",
+        sys,
+        "--features-dir",
+        &dirs[0],
+        "--cdi-dir",
+        &dirs[1],
+        "--state-dir",
+        &dirs[2],
+    ];
+    let (code, err, _) = run_measured(&args, NOW, Some(limit));
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(
+        fs::read(&features).unwrap(),
+        before,
+        "labels replaced while the CDI specs were not: {err}"
+    );
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("nodefabric: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    for failed in &bigger_files {
+        assert!(
+            errors[0].contains(failed.as_str()),
+            "the error does not name {failed}: {err}"
+        );
+    }
+    // Room again: the next pass publishes everything.
+    let (code, err, _) = run_measured(&args, NOW, None);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(fs::read(&features).unwrap(), new_labels);
+}
+
+#[test]
+fn a_200_mb_previous_record_is_not_read_whole() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let dirs = node.dirs();
+    let state = node.out.join("state");
+    fs::create_dir_all(&state).unwrap();
+    let planted = fs::File::create(state.join("record.json")).unwrap();
+    planted.set_len(200_000_000).unwrap();
+    drop(planted);
+    let (code, err, rss_mib) = run_measured(&node.args("publish", &dirs, &[]), NOW, None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("record.json") && err.contains("larger than"),
+        "no warning naming the oversized record: {err}"
+    );
+    assert!(
+        rss_mib < 64,
+        "peak RSS {rss_mib} MiB: the record was read whole"
+    );
+    let len = fs::metadata(state.join("record.json")).unwrap().len();
+    assert!(len < 1 << 20, "the record was not replaced: {len} bytes");
+}
+
+#[test]
+fn stale_temp_files_of_our_own_names_are_removed_at_the_next_pass() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    node.publish(&[]);
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    let plant = |rel: &str, stale: bool| {
+        let p = node.out.join(rel);
+        // What `publish` above reads back from the CDI folder: a spec.
+        fs::write(&p, "{\"devices\": []}").unwrap();
+        if stale {
+            fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        p
+    };
+    let gone = [
+        plant("features.d/.nodefabric.Ab12Cd", true),
+        plant("features.d/.nodefabric-check.Xy34Zw", true),
+        plant("cdi/.nodefabric-rdma.json.Ab12Cd", true),
+        plant("cdi/.nodefabric-rdma-vf.json.Q1w2E3", true),
+        plant("state/.record.json.Ab12Cd", true),
+    ];
+    let kept = [
+        // a write that may still be going on
+        plant("features.d/.nodefabric.Fresh1", false),
+        // another tool's files, and names that only look like ours
+        plant("features.d/.othertool.Ab12Cd", true),
+        plant("cdi/.vendor.json.Ab12Cd", true),
+        plant("cdi/.nodefabric-rdma.json.Ab12Cd.bak", true),
+        plant("features.d/nodefabric.Ab12Cd", true),
+    ];
+    let dirs = node.dirs();
+    let o = nodefabric(&node.args("publish", &dirs, &[]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for p in gone {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+    for p in kept {
+        assert!(p.exists(), "{} removed", p.display());
+    }
+}
+
+#[test]
+fn an_expiry_past_year_9999_is_a_one_line_error_naming_it() {
+    let node = Node::new(|d| drop(fixtures::vf_only(d)));
+    let dirs = node.dirs();
+    let (code, err, _) = run_measured(
+        &node.args("publish", &dirs, &["--expiry", "48h"]),
+        "9999-12-31T00:00:00Z",
+        None,
+    );
+    assert!(matches!(code, Some(1 | 2)), "exit {code:?}: {err}");
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("nodefabric: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].starts_with("nodefabric: error:")
+            && errors[0].contains("9999-12-31T00:00:00Z")
+            && errors[0].contains("2days"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
