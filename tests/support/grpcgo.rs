@@ -129,10 +129,13 @@ fn string(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// The HPACK table size both ends start with.
+const TABLE_SIZE: usize = 4096;
+
 /// An HPACK encoder with `x/net/http2/hpack`'s strategy: an exact match in
 /// a table is sent as its index; anything else as a literal added to the
-/// dynamic table (4096 bytes, oldest evicted first), its name indexed when
-/// a table has it (the static table first).
+/// dynamic table (4096 bytes, oldest evicted first; a field larger than the
+/// table is not added), its name indexed when a table has it (static first).
 pub struct GoEncoder {
     statics: Vec<(Vec<u8>, Vec<u8>)>,
     dynamic: VecDeque<(Vec<u8>, Vec<u8>)>,
@@ -175,12 +178,19 @@ impl GoEncoder {
                 Some(i) => i + 1,
                 None => self.dynamic.iter().position(named).map_or(0, dynamic),
             };
-            encode_integer_into(index, 6, 0x40, &mut out).unwrap();
+            // A field larger than the whole table is not indexed.
+            let indexing = name.len() + value.len() + 32 <= TABLE_SIZE;
+            match indexing {
+                true => encode_integer_into(index, 6, 0x40, &mut out).unwrap(),
+                false => encode_integer_into(index, 4, 0, &mut out).unwrap(),
+            }
             if index == 0 {
                 string(&mut out, name);
             }
             string(&mut out, value);
-            self.add(name, value);
+            if indexing {
+                self.add(name, value);
+            }
         }
         out
     }
@@ -188,7 +198,7 @@ impl GoEncoder {
     fn add(&mut self, name: &[u8], value: &[u8]) {
         self.size += name.len() + value.len() + 32;
         self.dynamic.push_front((name.to_vec(), value.to_vec()));
-        while self.size > 4096 {
+        while self.size > TABLE_SIZE {
             let (n, v) = self.dynamic.pop_back().unwrap();
             self.size -= n.len() + v.len() + 32;
         }
