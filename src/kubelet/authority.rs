@@ -176,11 +176,13 @@ impl Rewriter {
         while !input.is_empty() {
             match self.state {
                 State::Preface => {
-                    if !self.gather(&mut input, PREFACE.len()) {
-                        continue;
-                    }
-                    if self.partial != PREFACE {
+                    let whole = self.gather(&mut input, PREFACE.len());
+                    // Refused at the first wrong byte, not after 24.
+                    if !PREFACE.starts_with(&self.partial) {
                         return Err(FrontError::Preface);
+                    }
+                    if !whole {
+                        continue;
                     }
                     out.extend_from_slice(PREFACE);
                     self.partial.clear();
@@ -731,6 +733,12 @@ mod tests {
             rewrite(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
             Err(FrontError::Preface)
         ));
+        let mut out = Vec::new();
+        let short = Rewriter::default().feed(b"GET /", &mut out);
+        assert!(
+            matches!(short, Err(FrontError::Preface)),
+            "refused before 24 bytes"
+        );
         let bad_blocks: [&[u8]; 5] = [
             &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff], // integer too long
             &[0xff, 0x00],                         // index past the tables

@@ -284,7 +284,12 @@ impl GoConn {
     /// Connects to `socket` and sends the preface and SETTINGS; the
     /// authority is `socket` escaped, as grpc-go derives it from the target.
     pub async fn dial(socket: &Path) -> io::Result<GoConn> {
-        let authority = encode_authority(&socket.to_string_lossy());
+        GoConn::dial_as(socket, &encode_authority(&socket.to_string_lossy())).await
+    }
+
+    /// Connects like [`GoConn::dial`], sending `authority` instead.
+    pub async fn dial_as(socket: &Path, authority: &str) -> io::Result<GoConn> {
+        let authority = authority.to_string();
         let mut io = UnixStream::connect(socket).await?;
         let mut hello = PREFACE.to_vec();
         hello.extend(frame(SETTINGS, 0, 0, &[]));
