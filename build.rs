@@ -1,6 +1,7 @@
-//! Generates the kubelet device-plugin API (and the CRI client the
-//! containerd test uses) from `proto/` with a pure-Rust protobuf compiler, so
-//! no system `protoc` is needed, and stamps the commit into `--version`.
+//! Generates the kubelet device-plugin and plugin-registration APIs (and
+//! the CRI client the containerd test uses) from `proto/` with a pure-Rust
+//! protobuf compiler, so no system `protoc` is needed, and stamps the commit
+//! into `--version`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/deviceplugin_v1beta1.proto";
@@ -12,6 +13,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;
+    // kubelet's plugin-registration API, both sides: the DRA driver serves
+    // Registration on its registration socket; the tests dial it as kubelet.
+    let registration = "proto/pluginregistration_v1.proto";
+    println!("cargo:rerun-if-changed={registration}");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(protox::compile([registration], ["proto"])?)?;
     // The CRI runtime API, client side only: the containerd end-to-end test
     // talks to containerd as kubelet does. Only that test includes it.
     let cri = "proto/cri_runtime_v1.proto";

@@ -2,14 +2,18 @@
 //! a kubelet folder that are replaced when stale and removed when stopped,
 //! servers that hang up stuck connections, a folder watch with a poll
 //! fallback, noticing that kubelet restarted, the shutdown signals, the
-//! `/healthz` `/readyz` `/metrics` server, log de-duplication, and the one
-//! reading of the CDI specs (untrusted files, re-read only when changed).
+//! `/healthz` `/readyz` `/metrics` server, log de-duplication, the one
+//! reading of the CDI specs (untrusted files, re-read only when changed), and
+//! the registration socket's side of kubelet's plugin watcher (its API, and a
+//! front that lets tonic answer the authority kubelet dials it with).
 //!
 //! The device plugin ([`crate::plugin`]) composes these; a second plugin
 //! (the DRA driver) composes the same ones instead of copying them.
+pub mod authority;
 pub mod conn;
 pub mod probes;
 pub mod quiet;
+pub mod registration_api;
 pub mod restart;
 pub mod servers;
 pub mod signals;

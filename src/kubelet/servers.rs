@@ -2,8 +2,9 @@
 //! in a kubelet folder, stopped and removed together when kubelet restarts
 //! or the plugin stops.
 
-use super::conn;
 use super::socket::{OwnedSocket, SocketError};
+use super::{authority, conn};
+use std::future::Future;
 use std::path::Path;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -50,14 +51,42 @@ impl Servers {
         let server = tonic::transport::Server::builder()
             .add_routes(routes)
             .serve_with_incoming(conn::incoming(listener));
+        self.spawn(name, server);
+        self.sockets.push(socket);
+        Ok(())
+    }
+
+    /// Serves `routes` like [`Servers::serve`], but every connection passes
+    /// [`authority`]'s front, which rewrites the `:authority` kubelet's
+    /// plugin watcher sends and h2 refuses: for a registration socket in
+    /// `plugins_registry/`. Its connections carry no [`conn::Hangup`].
+    pub fn serve_fronted(
+        &mut self,
+        path: &Path,
+        mode: Option<u32>,
+        name: &str,
+        routes: Routes,
+    ) -> Result<(), SocketError> {
+        let (socket, listener) = OwnedSocket::bind(path, mode)?;
+        let server = tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming(authority::incoming(listener, path));
+        self.spawn(name, server);
+        self.sockets.push(socket);
+        Ok(())
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        server: impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+    ) {
         let name = name.to_string();
         self.tasks.push(tokio::spawn(async move {
             if let Err(e) = server.await {
                 warn!("{name} server stopped: {e}");
             }
         }));
-        self.sockets.push(socket);
-        Ok(())
     }
 
     /// The first socket no longer in place (kubelet removed it), if any.

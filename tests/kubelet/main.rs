@@ -1,5 +1,6 @@
 //! The device plugin as kubelet and the container runtimes use it: the real
-//! binary against a kubelet stand-in, real containerd and podman. One test
+//! binary against a kubelet stand-in, real containerd and podman; and the
+//! registration socket as kubelet's plugin watcher dials it. One test
 //! binary, so the crate is linked once for all of them.
 
 // A folder target's own `mod support;` would look inside this folder.
@@ -9,3 +10,4 @@ mod support;
 mod containerd;
 mod plugin;
 mod podman;
+mod registration;

@@ -10,6 +10,7 @@ pub mod apiserver_rbac;
 pub mod archive;
 pub mod cluster;
 pub mod fixtures;
+pub mod grpcgo;
 pub mod host;
 pub mod kubelet;
 pub mod mount;
