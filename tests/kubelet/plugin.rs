@@ -1063,3 +1063,68 @@ async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
     );
     drop(plugin);
 }
+
+#[tokio::test]
+async fn get_preferred_allocation_returns_only_offered_ids_and_never_more_than_asked() {
+    let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let (_kubelet, plugin) = Plugin::registered(&d, &[]).await;
+    let ask = |resource: &'static str, available: &[&str], must: &[&str], size: i32| {
+        let plugin = &plugin;
+        let req = api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: ids(available),
+                must_include_device_i_ds: ids(must),
+                allocation_size: size,
+            }],
+        };
+        async move {
+            plugin
+                .client(resource)
+                .await
+                .get_preferred_allocation(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .container_responses[0]
+                .device_i_ds
+                .clone()
+        }
+    };
+    let avail = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_4"];
+    // A must-include ID that was not offered is not handed back.
+    let got = ask(EXCLUSIVE, &avail, &["mlx5_5"], 2).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got.iter().all(|id| avail.contains(&id.as_str())), "{got:?}");
+    // More must-include IDs than asked for: never more than the size.
+    let got = ask(EXCLUSIVE, &avail, &["mlx5_0", "mlx5_1", "mlx5_2"], 2).await;
+    assert_eq!(got, ids(&["mlx5_0", "mlx5_1"]));
+    assert!(ask(EXCLUSIVE, &avail, &["mlx5_0"], 0).await.is_empty());
+    assert!(ask(EXCLUSIVE, &avail, &["mlx5_0"], -3).await.is_empty());
+    // Exactly the size when the offer allows it, the must-include ID first.
+    assert_eq!(
+        ask(EXCLUSIVE, &avail, &["mlx5_4"], 3).await.len(),
+        3,
+        "exactly the size asked"
+    );
+    assert_eq!(ask(EXCLUSIVE, &avail, &["mlx5_4"], 3).await[0], "mlx5_4");
+    // Shared: the same rules, and an ID of another resource is never picked.
+    let shared = [
+        "mlx5_0-shared-00",
+        "mlx5_0-shared-01",
+        "mlx5_1-shared-00",
+        "mlx5_2",
+    ];
+    let got = ask(SHARED, &shared, &["mlx5_9-shared-00"], 8).await;
+    assert_eq!(
+        got.iter().collect::<std::collections::BTreeSet<_>>(),
+        shared[..3]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .iter()
+            .collect(),
+        "{got:?}"
+    );
+    let got = ask(SHARED, &shared, &shared[..3], 1).await;
+    assert_eq!(got, ids(&["mlx5_0-shared-00"]));
+}
