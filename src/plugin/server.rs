@@ -11,8 +11,10 @@
 //!    if its bytes did), so ListAndWatch streams send a new list when a
 //!    token appears, disappears or changes health;
 //! 2. checks its registration: if one of its sockets is gone (kubelet
-//!    removes them when it restarts) or `kubelet.sock` is a new file, it
-//!    serves fresh sockets and registers again.
+//!    removes them when it restarts) or `kubelet.sock` is a new file (the
+//!    folder watch saw it created, or its identity, change time included,
+//!    differs: see [`crate::kubelet::restart`]), it serves fresh sockets
+//!    and registers again.
 
 use super::allocate::CdiDelivery;
 use super::api::{
@@ -172,9 +174,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ),
         None => None,
     };
+    let kubelet_sock = plugin.config.kubelet_dir.join(KUBELET_SOCKET);
     tokio::pin!(shutdown);
     loop {
         folders.rearm();
+        // Sticky until the next registration attempt takes it.
+        plugin.kubelet_created |= folders.take_created(&kubelet_sock);
         // Look first so a fresh registration starts from the current specs.
         plugin.look().await?;
         plugin.keep_registered().await;
@@ -205,6 +210,10 @@ struct Plugin {
     quiet: Quiet,
     current: Option<Generation>,
     retry: Retry,
+    /// The folder watch saw `kubelet.sock` created since the last
+    /// registration attempt: a kubelet restart even when the new socket
+    /// has the old one's identity.
+    kubelet_created: bool,
 }
 
 impl Plugin {
@@ -228,6 +237,7 @@ impl Plugin {
             quiet: Quiet::default(),
             current: None,
             retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+            kubelet_created: false,
         }
     }
 
@@ -294,13 +304,17 @@ impl Plugin {
     /// Serves fresh sockets and registers again when kubelet needs it and
     /// an attempt is due; a failure is logged once per cause and retried.
     async fn keep_registered(&mut self) {
-        let Some(why) = needs_registration(&self.config, self.current.as_ref()) else {
+        let Some(why) =
+            needs_registration(&self.config, self.current.as_ref(), self.kubelet_created)
+        else {
             return;
         };
         let kubelet = Identity::of(&self.config.kubelet_dir.join(KUBELET_SOCKET));
         if !self.retry.due(kubelet) {
             return;
         }
+        // This attempt registers with the kubelet that created it.
+        self.kubelet_created = false;
         if let Some(old) = self.current.take() {
             info!("re-registering: {why}");
             drop(old);
@@ -371,7 +385,11 @@ fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
 }
 
 /// Why the plugin must (re-)register now, or `None` when all is in place.
-fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<String> {
+fn needs_registration(
+    config: &Config,
+    current: Option<&Generation>,
+    kubelet_created: bool,
+) -> Option<String> {
     let Some(g) = current else {
         return Some("not registered".into());
     };
@@ -379,7 +397,9 @@ fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<S
         return Some(format!("{} is gone", path.display()));
     }
     match Identity::of(&config.kubelet_dir.join(KUBELET_SOCKET)) {
-        Some(id) if id != g.kubelet => Some(format!("{KUBELET_SOCKET} was recreated")),
+        Some(id) if id != g.kubelet || kubelet_created => {
+            Some(format!("{KUBELET_SOCKET} was recreated"))
+        }
         // No kubelet.sock: kubelet is restarting; keep serving until it returns.
         _ => None,
     }

@@ -1128,3 +1128,35 @@ async fn get_preferred_allocation_returns_only_offered_ids_and_never_more_than_a
     let got = ask(SHARED, &shared, &shared[..3], 1).await;
     assert_eq!(got, ids(&["mlx5_0-shared-00"]));
 }
+
+#[tokio::test]
+async fn a_kubelet_restart_that_reuses_the_inode_of_kubelet_sock_is_followed_by_a_new_registration()
+{
+    use std::os::unix::fs::MetadataExt;
+    let d = Dirs::published("n", fixtures::no_accelerator);
+    // Only the folder watch (or the socket's own change) can tell.
+    let (kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "1h"]).await;
+    let sock = d.kubelet().join("kubelet.sock");
+    let before = std::fs::metadata(&sock).unwrap().ino();
+
+    // kubelet stops and its socket's inode is freed; the new kubelet binds
+    // at once, and on ext4 the freed inode is usually handed out again. The
+    // plugin's sockets stay where they are.
+    kubelet.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::remove_file(&sock).unwrap();
+    let mut kubelet = Kubelet::start(&d.kubelet());
+    let after = std::fs::metadata(&sock).unwrap().ino();
+    if before != after {
+        // tmpfs never reuses an inode number; the restart must be seen all the same.
+        eprintln!("this file system gave kubelet.sock a new inode ({before} -> {after})");
+    }
+    let regs = kubelet.registrations(3).await;
+    assert_eq!(
+        regs.iter().map(|r| r.endpoint.as_str()).collect::<Vec<_>>(),
+        [EXCLUSIVE, PARTITIONED, SHARED]
+    );
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+    let (_, log) = plugin.terminate();
+    assert!(log.contains("re-registering"), "{log}");
+}
