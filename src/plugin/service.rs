@@ -2,13 +2,13 @@
 
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
-use super::catalog::{Catalog, Endpoint, Resource};
+use super::catalog::{Catalog, Resource};
 use super::metrics::{Observed, ResourceLabel};
 use crate::kubelet::conn::Hangup;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
@@ -17,12 +17,6 @@ use tracing::{debug, info, warn};
 pub const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
 pub const UNHEALTHY: &str = "Unhealthy";
-
-/// The most ListAndWatch streams one resource serves at once. kubelet
-/// holds one; the rest of the room is for an operator's debugging client.
-/// Each stream may hold one encoded list in the HTTP/2 send buffer, so this
-/// bounds what clients can make the plugin hold.
-pub const MAX_STREAMS: usize = 8;
 
 /// How the services of one server generation are set up.
 #[derive(Clone)]
@@ -42,12 +36,18 @@ pub struct Shared {
 }
 
 /// Serves one resource from the shared, always-current catalog.
+///
+/// ListAndWatch streams are not counted against a cap: kubelet opens a new
+/// one after every registration, and a cap that other clients' idle streams
+/// fill would refuse it. An idle stream holds the catalog it last sent (an
+/// `Arc` shared with every other stream) and no list; one whose client stops
+/// reading holds at most two lists (one waiting here, one in the HTTP/2
+/// buffer) until `--drain-timeout` closes its connection.
 #[derive(Clone)]
 pub struct ResourceService {
     resource: Resource,
     label: ResourceLabel,
     shared: Shared,
-    streams: Arc<Semaphore>,
 }
 
 impl ResourceService {
@@ -57,7 +57,6 @@ impl ResourceService {
             resource,
             label: ResourceLabel { resource: name },
             shared,
-            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
         }
     }
 }
@@ -137,12 +136,6 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{MAX_STREAMS} ListAndWatch streams are already open for {}",
-                self.label.resource
-            ))
-        })?;
         let hangup = request.extensions().get::<Hangup>().cloned();
         // One slot: at most one list waits here for the client; the next is
         // built only once that one is taken.
@@ -153,17 +146,17 @@ impl DevicePlugin for ResourceService {
         let resource = self.resource;
         let gauge = StreamGauge::new(self.shared.observed.clone(), self.label.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            // The list is a function of the family's endpoints alone, so those
-            // (hundreds) are what is remembered, not the list (a shared list
-            // holds tens of thousands of tokens, and idle memory is the
-            // budget); a change to the other family builds nothing.
-            let mut last: Option<Vec<Endpoint>> = None;
+            // The list is a function of the family's endpoints alone, so the
+            // catalog they came from is what is remembered, not the list (a
+            // shared list holds tens of thousands of tokens, and idle memory
+            // is the budget): every idle stream shares the one current
+            // catalog. A change to the other family builds nothing.
+            let mut last: Option<Arc<Catalog>> = None;
             let mut trim_pending = false;
             loop {
                 let current = catalog.borrow_and_update().clone();
                 let endpoints = current.endpoints(resource.family());
-                if last.as_deref() != Some(endpoints) {
+                if last.as_ref().map(|l| l.endpoints(resource.family())) != Some(endpoints) {
                     let slot = match tokio::time::timeout(drain, tx.reserve()).await {
                         Ok(Ok(slot)) => slot,
                         Ok(Err(_)) => {
@@ -189,7 +182,7 @@ impl DevicePlugin for ResourceService {
                         "sending device list"
                     );
                     slot.send(Ok(api::ListAndWatchResponse { devices }));
-                    last = Some(endpoints.to_vec());
+                    last = Some(current.clone());
                     trim_pending = true;
                 }
                 loop {
