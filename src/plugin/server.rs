@@ -23,7 +23,7 @@ use super::api::{
 use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
 use super::metrics::Observed;
-use super::service::{ResourceService, Shared};
+use super::service::{list_bytes, ResourceService, Shared, MAX_LIST_BYTES};
 use crate::kubelet::probes::{self, ProbeError};
 use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
@@ -138,6 +138,10 @@ fn folder_cause(cause: &str) -> bool {
     cause == FOLDER_MISSING || cause == FOLDER_DELETED
 }
 
+/// The cause word of a spec refused because a list of its tokens would be
+/// larger than kubelet takes in one message.
+const TOO_MANY_TOKENS: &str = "too_many_tokens";
+
 /// The de-duplication subject for registration trouble.
 const KUBELET_SUBJECT: &str = "kubelet";
 
@@ -210,6 +214,10 @@ struct Plugin {
     quiet: Quiet,
     current: Option<Generation>,
     retry: Retry,
+    /// Families whose current spec is refused because one of its lists
+    /// would be over [`MAX_LIST_BYTES`], with the message: kept until the
+    /// family's spec changes, since the loader reports a spec only once.
+    oversized: std::collections::BTreeMap<crate::cdi::Family, String>,
     /// The folder watch saw `kubelet.sock` created since the last
     /// registration attempt: a kubelet restart even when the new socket
     /// has the old one's identity.
@@ -238,6 +246,7 @@ impl Plugin {
             current: None,
             retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
             kubelet_created: false,
+            oversized: Default::default(),
         }
     }
 
@@ -251,24 +260,57 @@ impl Plugin {
         // Off the runtime thread: file I/O must never stall the gRPC servers.
         self.observed.loading(true);
         let kubelet_dir = self.config.kubelet_dir.clone();
-        let (l, fresh, outcome, kubelet_stale) = tokio::task::spawn_blocking(move || {
-            let o = l.load();
-            // An unreadable family is not among the changes: it keeps its
-            // tokens, since kubelet has checkpointed their IDs.
-            let c = served.with_changes(&o.changed);
-            // The kubelet folder too: a new kubelet.sock in the host's new
-            // folder is never seen through the old mount.
-            let stale = crate::mounts::deleted_in_place(&kubelet_dir)
-                .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
-            (l, c, o, stale)
-        })
-        .await
-        .map_err(|cause| RunError::Look {
-            path: self.config.cdi_dir.clone(),
-            cause,
-        })?;
+        let resources = self.config.resources.clone();
+        let (l, fresh, mut outcome, kubelet_stale, refused) =
+            tokio::task::spawn_blocking(move || {
+                let o = l.load();
+                // An unreadable family is not among the changes: it keeps its
+                // tokens, since kubelet has checkpointed their IDs.
+                let mut c = served.with_changes(&o.changed);
+                // So does a family whose new list kubelet would reject whole.
+                let mut refused = Vec::new();
+                for (family, _) in &o.changed {
+                    let over = resources
+                        .iter()
+                        .filter(|r| r.family() == *family)
+                        .map(|&r| (r, list_bytes(&c, r)))
+                        .find(|(_, bytes)| *bytes > MAX_LIST_BYTES);
+                    if let Some((r, bytes)) = over {
+                        c = c.with_family(*family, served.endpoints(*family).to_vec());
+                        refused.push((*family, r, bytes));
+                    }
+                }
+                // The kubelet folder too: a new kubelet.sock in the host's new
+                // folder is never seen through the old mount.
+                let stale = crate::mounts::deleted_in_place(&kubelet_dir)
+                    .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
+                (l, c, o, stale, refused)
+            })
+            .await
+            .map_err(|cause| RunError::Look {
+                path: self.config.cdi_dir.clone(),
+                cause,
+            })?;
         self.loader = Some(l);
         self.observed.loading(false);
+        for (family, _) in &outcome.changed {
+            self.oversized.remove(family);
+        }
+        for (family, r, bytes) in refused {
+            let message = format!(
+                "{}: its {} device list would be {bytes} bytes, over the {MAX_LIST_BYTES} \
+                 bytes kubelet accepts in one message",
+                self.config.cdi_dir.join(family.file_name()).display(),
+                self.config.resource_name(r),
+            );
+            self.oversized.insert(family, message);
+            outcome.new_errors.push((family, TOO_MANY_TOKENS));
+        }
+        for (family, message) in &self.oversized {
+            outcome
+                .unreadable
+                .push((*family, TOO_MANY_TOKENS, message.clone()));
+        }
         report(&mut self.quiet, &self.config, &outcome);
         // A folder deleted under the mount never comes back by itself:
         // liveness fails, and the kubelet's restart mounts the new one.

@@ -2,7 +2,7 @@
 
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
-use super::catalog::{Catalog, Resource};
+use super::catalog::{shared_id, Catalog, Endpoint, Resource, SHARED_TOKENS};
 use super::metrics::{Observed, ResourceLabel};
 use crate::kubelet::conn::Hangup;
 use std::pin::Pin;
@@ -80,25 +80,50 @@ impl Drop for StreamGauge {
     }
 }
 
+/// The largest ListAndWatch message kubelet takes: its gRPC client keeps
+/// the default 4 MiB receive limit and rejects a larger list whole, so a
+/// list over it is never sent (see [`list_bytes`]).
+pub const MAX_LIST_BYTES: usize = 4 * 1024 * 1024;
+
+/// One token as kubelet is sent it.
+fn device(id: String, endpoint: &Endpoint) -> api::Device {
+    api::Device {
+        id,
+        health: if endpoint.healthy { HEALTHY } else { UNHEALTHY }.into(),
+        // No NUMA node known means no hint at all, never a stand-in node 0.
+        topology: endpoint.numa.map(|id| api::TopologyInfo {
+            nodes: vec![api::NumaNode { id }],
+        }),
+    }
+}
+
 /// The device list kubelet is sent for a resource.
 pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
     catalog
         .tokens(resource)
         .into_iter()
-        .map(|t| api::Device {
-            id: t.id,
-            health: if t.endpoint.healthy {
-                HEALTHY
-            } else {
-                UNHEALTHY
-            }
-            .into(),
-            // No NUMA node known means no hint at all, never a stand-in node 0.
-            topology: t.endpoint.numa.map(|id| api::TopologyInfo {
-                nodes: vec![api::NumaNode { id }],
-            }),
-        })
+        .map(|t| device(t.id, t.endpoint))
         .collect()
+}
+
+/// The encoded size of the ListAndWatch message for a resource, computed
+/// one token at a time so that a list too large to send is never built.
+pub fn list_bytes(catalog: &Catalog, resource: Resource) -> usize {
+    use prost::Message;
+    let framed = |d: api::Device| {
+        let len = d.encoded_len();
+        1 + prost::encoding::encoded_len_varint(len as u64) + len
+    };
+    catalog
+        .endpoints(resource.family())
+        .iter()
+        .map(|ep| match resource {
+            Resource::Shared => (0..SHARED_TOKENS)
+                .map(|i| framed(device(shared_id(&ep.name, i), ep)))
+                .sum(),
+            _ => framed(device(ep.name.clone(), ep)),
+        })
+        .sum()
 }
 
 /// How long after sending a list its freed buffers are handed back (by then

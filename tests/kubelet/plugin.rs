@@ -1183,3 +1183,75 @@ async fn eight_idle_list_and_watch_streams_do_not_lock_kubelet_out() {
         assert_eq!(summary(&next_list(stream).await)[0].1, "Unhealthy");
     }
 }
+
+/// The whole-interface spec of `cdi` grown to `n` devices, copies of its
+/// first renamed `mlx5_<i>`; written as the publisher does (temp, rename).
+/// Gives the file's size.
+fn grow_spec(cdi: &Path, n: usize) -> usize {
+    let path = cdi.join("nodefabric-rdma.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let first = spec["devices"][0].clone();
+    let name = first["name"].as_str().unwrap().to_string();
+    let text = serde_json::to_string(&first).unwrap();
+    spec["devices"] = (0..n)
+        .map(|i| {
+            serde_json::from_str::<serde_json::Value>(&text.replace(&name, &format!("mlx5_{i}")))
+                .unwrap()
+        })
+        .collect();
+    let bytes = serde_json::to_vec(&spec).unwrap();
+    let tmp = cdi.join(".nodefabric-rdma.json.tmp");
+    std::fs::write(&tmp, &bytes).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    bytes.len()
+}
+
+#[tokio::test]
+async fn a_spec_whose_shared_list_exceeds_kubelets_4_mib_message_limit_is_refused_once_and_the_tokens_kept(
+) {
+    let d = Dirs::published("n", fixtures::no_accelerator);
+    let (_kubelet, plugin) = Plugin::registered(&d, &["--poll-interval", "100ms"]).await;
+    let mut shared = plugin.watch(SHARED).await;
+    assert_eq!(next_list(&mut shared).await.len(), 128);
+
+    // 2500 interfaces: 160,000 shared tokens, a list of about 6 MB, which
+    // kubelet (4 MiB per message by default) would reject.
+    let size = grow_spec(&d.cdi(), 2500);
+    assert!(size < 2 << 20, "{size} bytes: under the default spec cap");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let quiet = tokio::time::timeout(Duration::from_millis(200), shared.message()).await;
+    assert!(
+        quiet.is_err(),
+        "an oversized list was sent: {:?}",
+        quiet.map(|m| m.map(|m| m.map(|l| l.devices.len())))
+    );
+    assert_eq!(list_once(&plugin, SHARED).await.len(), 128);
+    assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
+    let peak = plugin.memory_kib("VmHWM:");
+    assert!(peak < 48 * 1024, "peak RSS {peak} KiB");
+
+    // Over the default cap (2 MiB, sized to the 64 MiB memory limit): refused
+    // the same way, once.
+    let size = grow_spec(&d.cdi(), 6000);
+    assert!(size > 2 << 20, "{size}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(list_once(&plugin, SHARED).await.len(), 128);
+    let peak = plugin.memory_kib("VmHWM:");
+    assert!(peak < 48 * 1024, "peak RSS {peak} KiB");
+
+    // A spec that fits again is taken.
+    grow_spec(&d.cdi(), 3);
+    assert_eq!(next_list(&mut shared).await.len(), 3 * 64);
+    let (_, log) = plugin.terminate();
+    assert_eq!(
+        log.matches("bytes kubelet accepts in one message").count(),
+        1,
+        "one line while refused: {log}"
+    );
+    assert_eq!(
+        log.matches("larger than the 2097152-byte cap").count(),
+        1,
+        "{log}"
+    );
+}
