@@ -1,23 +1,31 @@
 //! Noticing that kubelet restarted, and pacing registration attempts while
 //! it does not answer.
 //!
-//! A restarted kubelet creates its socket anew (a new inode) and removes the
-//! plugins' sockets, so a plugin compares the socket's identity with the one
-//! it registered with, and checks that its own sockets are still there (see
-//! [`super::socket::OwnedSocket::is_present`]). A socket that is missing
-//! means kubelet is on its way back: there is nothing to register with yet.
+//! A restarted kubelet creates its socket anew and may remove the plugins'
+//! sockets, so a plugin compares the socket's identity with the one it
+//! registered with, and checks that its own sockets are still there (see
+//! [`super::socket::OwnedSocket::is_present`]). The inode number alone does
+//! not tell a new socket: ext4 hands a freed inode out again at once, so a
+//! kubelet that binds right after its old socket went gets the same number.
+//! The identity therefore includes the inode's change time, which a new
+//! bind sets (to the nanosecond on ext4, xfs, tmpfs and overlayfs); the
+//! folder watch's creation event for `kubelet.sock` backs it up where
+//! timestamps are coarse. A socket that is missing means kubelet is on its
+//! way back: there is nothing to register with yet.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Which socket file stands at a path: its `(device, inode)`, so a socket
-/// recreated at the same path is told from the one seen before.
+/// Which socket file stands at a path: its `(device, inode)` and the
+/// inode's change time, so a socket recreated at the same path is told from
+/// the one seen before even when it got the same inode number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     dev: u64,
     ino: u64,
+    ctime: (i64, i64),
 }
 
 impl Identity {
@@ -28,6 +36,7 @@ impl Identity {
         m.file_type().is_socket().then(|| Identity {
             dev: m.dev(),
             ino: m.ino(),
+            ctime: (m.ctime(), m.ctime_nsec()),
         })
     }
 }
@@ -114,6 +123,28 @@ mod tests {
         assert!(retry.due(None), "and so is its disappearance");
         retry.succeeded();
         assert!(retry.due(Some(after)));
+    }
+
+    #[test]
+    fn a_socket_recreated_on_the_same_inode_has_a_new_identity() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("kubelet.sock");
+        let mut same_inode = 0;
+        for _ in 0..5 {
+            let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let before = Identity::of(&path).unwrap();
+            // Closed and unlinked first, as when kubelet exits: ext4 then
+            // hands its inode number to the next bind.
+            drop(first);
+            std::fs::remove_file(&path).unwrap();
+            let second = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let after = Identity::of(&path).unwrap();
+            same_inode += usize::from(before.ino == after.ino);
+            assert_ne!(before, after);
+            drop(second);
+            std::fs::remove_file(&path).unwrap();
+        }
+        eprintln!("{same_inode} of 5 rebinds reused the inode number");
     }
 
     #[test]

@@ -12,13 +12,13 @@
 //! when the folder is replaced (`rm -rf` then `mkdir`), which inotify does
 //! not follow by itself.
 
-use notify::event::{AccessKind, AccessMode, ModifyKind};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Interval, MissedTickBehavior};
@@ -57,6 +57,10 @@ pub struct FolderWatch {
     /// removed or renamed. The identity check alone is not enough: a folder
     /// recreated at once often gets the inode number of the one deleted.
     replaced: Arc<AtomicBool>,
+    /// The named files created (or renamed in) since [`Self::take_created`]
+    /// last asked: a file made anew may carry the inode number of the one
+    /// it replaced, so its creation is the sure sign.
+    created: Arc<Mutex<BTreeSet<PathBuf>>>,
 }
 
 impl FolderWatch {
@@ -76,6 +80,8 @@ impl FolderWatch {
         relevant.extend(watched.iter().cloned());
         let replaced = Arc::new(AtomicBool::new(false));
         let flag = replaced.clone();
+        let created = Arc::new(Mutex::new(BTreeSet::new()));
+        let born = created.clone();
         let handler = move |res: notify::Result<Event>| {
             let Ok(event) = res else { return };
             if !matters(&event.kind) {
@@ -88,6 +94,16 @@ impl FolderWatch {
             }
             if event.paths.iter().any(|p| relevant.contains(p)) {
                 debug!(?event, "file event");
+                if creates(&event.kind) {
+                    let mut born = born.lock().unwrap_or_else(|e| e.into_inner());
+                    born.extend(
+                        event
+                            .paths
+                            .iter()
+                            .filter(|p| relevant.contains(*p))
+                            .cloned(),
+                    );
+                }
                 // Full means a wake is already pending: nothing is lost.
                 let _ = wake.try_send(());
             }
@@ -118,6 +134,7 @@ impl FolderWatch {
             wake: wake_rx,
             tick,
             replaced,
+            created,
         };
         watch.rearm();
         (watch, error)
@@ -165,12 +182,32 @@ impl FolderWatch {
         }
     }
 
+    /// True when `path` (one of the named files) was created or renamed in
+    /// since the last call for it; forgets that it was.
+    pub fn take_created(&self, path: &Path) -> bool {
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(path)
+    }
+
     /// Lets a burst of events end, then forgets the wakes it left, so one
     /// burst costs one look.
     pub async fn settle(&mut self) {
         tokio::time::sleep(DEBOUNCE).await;
         while self.wake.try_recv().is_ok() {}
     }
+}
+
+/// True for the events that put a new file under a name.
+fn creates(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Create(_)
+            | EventKind::Modify(ModifyKind::Name(
+                RenameMode::To | RenameMode::Both | RenameMode::Any
+            ))
+    )
 }
 
 /// True for the events that can change a file's content or presence.
@@ -244,5 +281,23 @@ mod tests {
             woke(&mut w).await,
             "a spec written into the new folder is seen"
         );
+    }
+
+    #[tokio::test]
+    async fn a_socket_bound_again_at_a_named_path_is_reported_created_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("kubelet");
+        std::fs::create_dir(&dir).unwrap();
+        let sock = dir.join("kubelet.sock");
+        let first = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let mut w = watch(&[&dir], vec![sock.clone()]).await;
+        assert!(!w.take_created(&sock), "there before the watch");
+        drop(first);
+        std::fs::remove_file(&sock).unwrap();
+        let _second = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert!(woke(&mut w).await);
+        w.settle().await;
+        assert!(w.take_created(&sock));
+        assert!(!w.take_created(&sock), "taken once");
     }
 }

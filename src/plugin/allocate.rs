@@ -1,8 +1,9 @@
 //! Allocation, recomputed from the current catalog on every call: nothing an
 //! allocation does is remembered.
 //!
-//! Preferred allocation, in order:
-//! 1. every must-include ID, as given;
+//! Preferred allocation answers only with offered IDs and never with more
+//! than the size asked, in order:
+//! 1. every must-include ID that was offered, as given (up to the size);
 //! 2. the rest from one NUMA node: the node most must-include tokens sit on,
 //!    or else the smallest node that can supply the whole remainder (best
 //!    fit, which keeps larger nodes whole for larger requests), lowest node
@@ -104,8 +105,9 @@ struct Run<'a> {
     ids: Vec<&'a str>,
 }
 
-/// The preferred IDs for one container (see the module docs for the order).
-/// Per ID only a lookup and one integer sort: kubelet may offer tens of
+/// The preferred IDs for one container (see the module docs for the order):
+/// only IDs from `available`, at most `size` of them, exactly `size` when
+/// enough were offered. Per ID only a lookup and one integer sort: kubelet may offer tens of
 /// thousands.
 pub fn preferred(
     catalog: &Catalog,
@@ -116,9 +118,17 @@ pub fn preferred(
 ) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut chosen: HashSet<&str> = HashSet::new();
-    for id in must_include {
-        if chosen.insert(id) {
-            out.push(id.clone());
+    if !must_include.is_empty() {
+        // Only what was offered is handed back, and never more than asked:
+        // kubelet treats any other answer as a plugin error.
+        let offered: HashSet<&str> = available.iter().map(String::as_str).collect();
+        for id in must_include {
+            if out.len() >= size {
+                break;
+            }
+            if offered.contains(id.as_str()) && chosen.insert(id) {
+                out.push(id.clone());
+            }
         }
     }
     if out.len() >= size {
@@ -171,7 +181,7 @@ pub fn preferred(
         }
     }
     let mut anchor: BTreeMap<i64, usize> = BTreeMap::new();
-    for n in must_include
+    for n in out
         .iter()
         .filter_map(|id| catalog.resolve(resource, id)?.numa)
     {

@@ -11,8 +11,10 @@
 //!    if its bytes did), so ListAndWatch streams send a new list when a
 //!    token appears, disappears or changes health;
 //! 2. checks its registration: if one of its sockets is gone (kubelet
-//!    removes them when it restarts) or `kubelet.sock` is a new file, it
-//!    serves fresh sockets and registers again.
+//!    removes them when it restarts) or `kubelet.sock` is a new file (the
+//!    folder watch saw it created, or its identity, change time included,
+//!    differs: see [`crate::kubelet::restart`]), it serves fresh sockets
+//!    and registers again.
 
 use super::allocate::CdiDelivery;
 use super::api::{
@@ -21,7 +23,7 @@ use super::api::{
 use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
 use super::metrics::Observed;
-use super::service::{ResourceService, Shared};
+use super::service::{list_bytes, ResourceService, Shared, MAX_LIST_BYTES};
 use crate::kubelet::probes::{self, ProbeError};
 use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
@@ -136,6 +138,10 @@ fn folder_cause(cause: &str) -> bool {
     cause == FOLDER_MISSING || cause == FOLDER_DELETED
 }
 
+/// The cause word of a spec refused because a list of its tokens would be
+/// larger than kubelet takes in one message.
+const TOO_MANY_TOKENS: &str = "too_many_tokens";
+
 /// The de-duplication subject for registration trouble.
 const KUBELET_SUBJECT: &str = "kubelet";
 
@@ -172,9 +178,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         ),
         None => None,
     };
+    let kubelet_sock = plugin.config.kubelet_dir.join(KUBELET_SOCKET);
     tokio::pin!(shutdown);
     loop {
         folders.rearm();
+        // Sticky until the next registration attempt takes it.
+        plugin.kubelet_created |= folders.take_created(&kubelet_sock);
         // Look first so a fresh registration starts from the current specs.
         plugin.look().await?;
         plugin.keep_registered().await;
@@ -205,6 +214,14 @@ struct Plugin {
     quiet: Quiet,
     current: Option<Generation>,
     retry: Retry,
+    /// Families whose current spec is refused because one of its lists
+    /// would be over [`MAX_LIST_BYTES`], with the message: kept until the
+    /// family's spec changes, since the loader reports a spec only once.
+    oversized: std::collections::BTreeMap<crate::cdi::Family, String>,
+    /// The folder watch saw `kubelet.sock` created since the last
+    /// registration attempt: a kubelet restart even when the new socket
+    /// has the old one's identity.
+    kubelet_created: bool,
 }
 
 impl Plugin {
@@ -228,6 +245,8 @@ impl Plugin {
             quiet: Quiet::default(),
             current: None,
             retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+            kubelet_created: false,
+            oversized: Default::default(),
         }
     }
 
@@ -241,24 +260,57 @@ impl Plugin {
         // Off the runtime thread: file I/O must never stall the gRPC servers.
         self.observed.loading(true);
         let kubelet_dir = self.config.kubelet_dir.clone();
-        let (l, fresh, outcome, kubelet_stale) = tokio::task::spawn_blocking(move || {
-            let o = l.load();
-            // An unreadable family is not among the changes: it keeps its
-            // tokens, since kubelet has checkpointed their IDs.
-            let c = served.with_changes(&o.changed);
-            // The kubelet folder too: a new kubelet.sock in the host's new
-            // folder is never seen through the old mount.
-            let stale = crate::mounts::deleted_in_place(&kubelet_dir)
-                .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
-            (l, c, o, stale)
-        })
-        .await
-        .map_err(|cause| RunError::Look {
-            path: self.config.cdi_dir.clone(),
-            cause,
-        })?;
+        let resources = self.config.resources.clone();
+        let (l, fresh, mut outcome, kubelet_stale, refused) =
+            tokio::task::spawn_blocking(move || {
+                let o = l.load();
+                // An unreadable family is not among the changes: it keeps its
+                // tokens, since kubelet has checkpointed their IDs.
+                let mut c = served.with_changes(&o.changed);
+                // So does a family whose new list kubelet would reject whole.
+                let mut refused = Vec::new();
+                for (family, _) in &o.changed {
+                    let over = resources
+                        .iter()
+                        .filter(|r| r.family() == *family)
+                        .map(|&r| (r, list_bytes(&c, r)))
+                        .find(|(_, bytes)| *bytes > MAX_LIST_BYTES);
+                    if let Some((r, bytes)) = over {
+                        c = c.with_family(*family, served.endpoints(*family).to_vec());
+                        refused.push((*family, r, bytes));
+                    }
+                }
+                // The kubelet folder too: a new kubelet.sock in the host's new
+                // folder is never seen through the old mount.
+                let stale = crate::mounts::deleted_in_place(&kubelet_dir)
+                    .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
+                (l, c, o, stale, refused)
+            })
+            .await
+            .map_err(|cause| RunError::Look {
+                path: self.config.cdi_dir.clone(),
+                cause,
+            })?;
         self.loader = Some(l);
         self.observed.loading(false);
+        for (family, _) in &outcome.changed {
+            self.oversized.remove(family);
+        }
+        for (family, r, bytes) in refused {
+            let message = format!(
+                "{}: its {} device list would be {bytes} bytes, over the {MAX_LIST_BYTES} \
+                 bytes kubelet accepts in one message",
+                self.config.cdi_dir.join(family.file_name()).display(),
+                self.config.resource_name(r),
+            );
+            self.oversized.insert(family, message);
+            outcome.new_errors.push((family, TOO_MANY_TOKENS));
+        }
+        for (family, message) in &self.oversized {
+            outcome
+                .unreadable
+                .push((*family, TOO_MANY_TOKENS, message.clone()));
+        }
         report(&mut self.quiet, &self.config, &outcome);
         // A folder deleted under the mount never comes back by itself:
         // liveness fails, and the kubelet's restart mounts the new one.
@@ -294,13 +346,17 @@ impl Plugin {
     /// Serves fresh sockets and registers again when kubelet needs it and
     /// an attempt is due; a failure is logged once per cause and retried.
     async fn keep_registered(&mut self) {
-        let Some(why) = needs_registration(&self.config, self.current.as_ref()) else {
+        let Some(why) =
+            needs_registration(&self.config, self.current.as_ref(), self.kubelet_created)
+        else {
             return;
         };
         let kubelet = Identity::of(&self.config.kubelet_dir.join(KUBELET_SOCKET));
         if !self.retry.due(kubelet) {
             return;
         }
+        // This attempt registers with the kubelet that created it.
+        self.kubelet_created = false;
         if let Some(old) = self.current.take() {
             info!("re-registering: {why}");
             drop(old);
@@ -371,7 +427,11 @@ fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
 }
 
 /// Why the plugin must (re-)register now, or `None` when all is in place.
-fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<String> {
+fn needs_registration(
+    config: &Config,
+    current: Option<&Generation>,
+    kubelet_created: bool,
+) -> Option<String> {
     let Some(g) = current else {
         return Some("not registered".into());
     };
@@ -379,7 +439,9 @@ fn needs_registration(config: &Config, current: Option<&Generation>) -> Option<S
         return Some(format!("{} is gone", path.display()));
     }
     match Identity::of(&config.kubelet_dir.join(KUBELET_SOCKET)) {
-        Some(id) if id != g.kubelet => Some(format!("{KUBELET_SOCKET} was recreated")),
+        Some(id) if id != g.kubelet || kubelet_created => {
+            Some(format!("{KUBELET_SOCKET} was recreated"))
+        }
         // No kubelet.sock: kubelet is restarting; keep serving until it returns.
         _ => None,
     }

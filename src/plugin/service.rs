@@ -2,13 +2,13 @@
 
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
-use super::catalog::{Catalog, Endpoint, Resource};
+use super::catalog::{shared_id, Catalog, Endpoint, Resource, SHARED_TOKENS};
 use super::metrics::{Observed, ResourceLabel};
 use crate::kubelet::conn::Hangup;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
@@ -17,12 +17,6 @@ use tracing::{debug, info, warn};
 pub const HEALTHY: &str = "Healthy";
 /// See [`HEALTHY`].
 pub const UNHEALTHY: &str = "Unhealthy";
-
-/// The most ListAndWatch streams one resource serves at once. kubelet
-/// holds one; the rest of the room is for an operator's debugging client.
-/// Each stream may hold one encoded list in the HTTP/2 send buffer, so this
-/// bounds what clients can make the plugin hold.
-pub const MAX_STREAMS: usize = 8;
 
 /// How the services of one server generation are set up.
 #[derive(Clone)]
@@ -42,12 +36,18 @@ pub struct Shared {
 }
 
 /// Serves one resource from the shared, always-current catalog.
+///
+/// ListAndWatch streams are not counted against a cap: kubelet opens a new
+/// one after every registration, and a cap that other clients' idle streams
+/// fill would refuse it. An idle stream holds the catalog it last sent (an
+/// `Arc` shared with every other stream) and no list; one whose client stops
+/// reading holds at most two lists (one waiting here, one in the HTTP/2
+/// buffer) until `--drain-timeout` closes its connection.
 #[derive(Clone)]
 pub struct ResourceService {
     resource: Resource,
     label: ResourceLabel,
     shared: Shared,
-    streams: Arc<Semaphore>,
 }
 
 impl ResourceService {
@@ -57,7 +57,6 @@ impl ResourceService {
             resource,
             label: ResourceLabel { resource: name },
             shared,
-            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
         }
     }
 }
@@ -81,25 +80,50 @@ impl Drop for StreamGauge {
     }
 }
 
+/// The largest ListAndWatch message kubelet takes: its gRPC client keeps
+/// the default 4 MiB receive limit and rejects a larger list whole, so a
+/// list over it is never sent (see [`list_bytes`]).
+pub const MAX_LIST_BYTES: usize = 4 * 1024 * 1024;
+
+/// One token as kubelet is sent it.
+fn device(id: String, endpoint: &Endpoint) -> api::Device {
+    api::Device {
+        id,
+        health: if endpoint.healthy { HEALTHY } else { UNHEALTHY }.into(),
+        // No NUMA node known means no hint at all, never a stand-in node 0.
+        topology: endpoint.numa.map(|id| api::TopologyInfo {
+            nodes: vec![api::NumaNode { id }],
+        }),
+    }
+}
+
 /// The device list kubelet is sent for a resource.
 pub fn device_list(catalog: &Catalog, resource: Resource) -> Vec<api::Device> {
     catalog
         .tokens(resource)
         .into_iter()
-        .map(|t| api::Device {
-            id: t.id,
-            health: if t.endpoint.healthy {
-                HEALTHY
-            } else {
-                UNHEALTHY
-            }
-            .into(),
-            // No NUMA node known means no hint at all, never a stand-in node 0.
-            topology: t.endpoint.numa.map(|id| api::TopologyInfo {
-                nodes: vec![api::NumaNode { id }],
-            }),
-        })
+        .map(|t| device(t.id, t.endpoint))
         .collect()
+}
+
+/// The encoded size of the ListAndWatch message for a resource, computed
+/// one token at a time so that a list too large to send is never built.
+pub fn list_bytes(catalog: &Catalog, resource: Resource) -> usize {
+    use prost::Message;
+    let framed = |d: api::Device| {
+        let len = d.encoded_len();
+        1 + prost::encoding::encoded_len_varint(len as u64) + len
+    };
+    catalog
+        .endpoints(resource.family())
+        .iter()
+        .map(|ep| match resource {
+            Resource::Shared => (0..SHARED_TOKENS)
+                .map(|i| framed(device(shared_id(&ep.name, i), ep)))
+                .sum(),
+            _ => framed(device(ep.name.clone(), ep)),
+        })
+        .sum()
 }
 
 /// How long after sending a list its freed buffers are handed back (by then
@@ -137,12 +161,6 @@ impl DevicePlugin for ResourceService {
         &self,
         request: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "{MAX_STREAMS} ListAndWatch streams are already open for {}",
-                self.label.resource
-            ))
-        })?;
         let hangup = request.extensions().get::<Hangup>().cloned();
         // One slot: at most one list waits here for the client; the next is
         // built only once that one is taken.
@@ -153,17 +171,17 @@ impl DevicePlugin for ResourceService {
         let resource = self.resource;
         let gauge = StreamGauge::new(self.shared.observed.clone(), self.label.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            // The list is a function of the family's endpoints alone, so those
-            // (hundreds) are what is remembered, not the list (a shared list
-            // holds tens of thousands of tokens, and idle memory is the
-            // budget); a change to the other family builds nothing.
-            let mut last: Option<Vec<Endpoint>> = None;
+            // The list is a function of the family's endpoints alone, so the
+            // catalog they came from is what is remembered, not the list (a
+            // shared list holds tens of thousands of tokens, and idle memory
+            // is the budget): every idle stream shares the one current
+            // catalog. A change to the other family builds nothing.
+            let mut last: Option<Arc<Catalog>> = None;
             let mut trim_pending = false;
             loop {
                 let current = catalog.borrow_and_update().clone();
                 let endpoints = current.endpoints(resource.family());
-                if last.as_deref() != Some(endpoints) {
+                if last.as_ref().map(|l| l.endpoints(resource.family())) != Some(endpoints) {
                     let slot = match tokio::time::timeout(drain, tx.reserve()).await {
                         Ok(Ok(slot)) => slot,
                         Ok(Err(_)) => {
@@ -189,7 +207,7 @@ impl DevicePlugin for ResourceService {
                         "sending device list"
                     );
                     slot.send(Ok(api::ListAndWatchResponse { devices }));
-                    last = Some(endpoints.to_vec());
+                    last = Some(current.clone());
                     trim_pending = true;
                 }
                 loop {

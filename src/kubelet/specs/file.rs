@@ -11,9 +11,13 @@ use crate::cdi::{Family, Spec};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The default size cap: a spec for 512 endpoints is about 300 KiB, so 16 MiB
-/// leaves room for any real node while bounding what one read can cost.
-pub const DEFAULT_MAX_BYTES: u64 = 16 * 1024 * 1024;
+/// The default size cap, sized to the device plugin's 64 MiB memory limit
+/// (deploy/device-plugin.yaml): reading and parsing a spec at the cap peaks
+/// near 25 MiB (docs/benchmarks.md), where 16 MiB once peaked over 600 MiB.
+/// A spec for 512 endpoints is about 300 KiB, and 2 MiB holds more
+/// endpoints than kubelet's 4 MiB message takes as shared tokens (about
+/// 1,700), so no real node is refused.
+pub const DEFAULT_MAX_BYTES: u64 = 2 * 1024 * 1024;
 
 /// Why a spec file could not be taken. Each names the path; [`Self::cause`]
 /// is the short, stable word the metrics and the log de-duplication use.
