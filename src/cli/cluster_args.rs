@@ -229,7 +229,7 @@ impl ObserveArgs {
             service_account_dir: self.service_account_dir.clone(),
             timeout: None,
         };
-        client::run(&api, |c| observer::run(c, settings))?;
+        client::run(&api, "observing Nodes", |c| observer::run(c, settings))?;
         Ok(())
     }
 }

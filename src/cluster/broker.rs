@@ -126,7 +126,8 @@ impl Broker {
                 if let Some(uid) = self.memo.uid(name) {
                     return Ok(uid);
                 }
-                let uid = client::run(&self.settings.client, |c| async move {
+                let what = format!("GET Node {name}");
+                let uid = client::run(&self.settings.client, &what, |c| async move {
                     read_node_uid(&c, name).await
                 })
                 .map_err(|e| ClusterError::NodeUid {
@@ -184,7 +185,8 @@ impl Broker {
                 } else {
                     Publication::Record(text)
                 };
-                client::run(&self.settings.client, |c| async move {
+                let request = format!("PATCH ConfigMap {cm} key {node}");
+                client::run(&self.settings.client, &request, |c| async move {
                     publish(&c, cm, node, what).await
                 })?;
                 match what {
@@ -202,7 +204,11 @@ impl Broker {
                 if record.node_uid.is_empty() {
                     return Err(ClusterError::NoNodeUid(node.to_string()));
                 }
-                client::run(&self.settings.client, |c| async move {
+                let request = match empty {
+                    true => format!("DELETE NodeRailRecord {node}"),
+                    false => format!("APPLY NodeRailRecord {node}"),
+                };
+                client::run(&self.settings.client, &request, |c| async move {
                     if empty {
                         delete_record(&c, node).await
                     } else {

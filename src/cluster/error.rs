@@ -102,6 +102,24 @@ pub enum ClusterError {
         /// The settings asked for since.
         now: String,
     },
+    /// The client's setup (its configuration and credential command) did
+    /// not finish within the API timeout.
+    #[error("{what}: setting up the API client (its configuration and credential command) took longer than the API timeout ({}, --api-timeout)", humantime::format_duration(*after))]
+    SetupTimedOut {
+        /// The request it was for.
+        what: String,
+        /// The API timeout.
+        after: std::time::Duration,
+    },
+    /// A request (with its retries and token refresh) did not finish within
+    /// the API timeout.
+    #[error("{what}: not done within the API timeout ({}, --api-timeout)", humantime::format_duration(*after))]
+    TimedOut {
+        /// The request.
+        what: String,
+        /// The API timeout.
+        after: std::time::Duration,
+    },
     /// A publication names no node to key the record by.
     #[error("publishing to a {0} needs --node-name")]
     NoNodeName(String),

@@ -1662,3 +1662,130 @@ fn malformed_answers_to_the_records_list_or_apply_fail_naming_the_request_and_de
     assert!(w.nrr("node-a").is_some());
     assert!(sigterm(&mut obs).success());
 }
+
+// ---- issue 31: faults that lost records ---------------------------------------
+
+/// The broker's kubeconfig with its credential from an `exec` plugin that
+/// never returns (a hung cloud CLI).
+fn hung_credential_kubeconfig(w: &World) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = w.dir.join("hung-credential.sh");
+    fs::write(&script, "#!/bin/sh\nPATH=/usr/bin:/bin exec sleep 600\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(&w.broker_kubeconfig).unwrap()).unwrap();
+    config["users"][0]["user"] = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": script,
+        "interactiveMode": "Never",
+    }});
+    let path = w.dir.join("kubeconfig-hung-credential");
+    fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    path
+}
+
+/// Runs `c` to its end, or kills it and fails once `limit` has passed.
+fn output_within(c: &mut Command, limit: Duration) -> Output {
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    match rx.recv_timeout(limit) {
+        Ok(o) => o,
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("still running after {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn hung_credential_command_fails_the_pass_within_the_api_timeout_and_the_next_interval_runs() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    let hung = hung_credential_kubeconfig(&w);
+    // A one-shot broker: the Node read waits on the credential command; the
+    // API timeout bounds it, credential command included.
+    let started = Instant::now();
+    let o = output_within(
+        w.broker("node-a", "lldp.json")
+            .env("KUBECONFIG", &hung)
+            .args(["--api-timeout", "1s"]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let e = failed(o);
+    let lines: Vec<&str> = e.lines().filter(|l| l.contains("API timeout")).collect();
+    assert_eq!(lines.len(), 1, "one line names the timeout: {e}");
+    assert!(
+        lines[0].contains("1s") && lines[0].contains("Node node-a"),
+        "{e}"
+    );
+    assert_eq!(w.data()["node-a"], "previous");
+
+    // An interval publisher: each pass fails within the timeout, the next
+    // one runs, the labels are written (they never wait for the API), and
+    // the passes completing keep it live.
+    let port = free_port();
+    let log = fs::File::create(w.dir.join("publisher.log")).unwrap();
+    let mut c = w.nodefabric_as(&hung);
+    c.args(["publish", "--sysfs-root"]).arg(&w.root);
+    for (flag, dir) in [
+        ("--features-dir", "f"),
+        ("--cdi-dir", "cdi"),
+        ("--state-dir", "s"),
+    ] {
+        c.arg(flag).arg(w.dir.join(dir));
+    }
+    c.args(["--interval", "1s", "--api-timeout", "1s", "--health-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--lldp-json")
+        .arg(w.dir.join("lldp.json"))
+        .args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+            "--node-name",
+            "node-a",
+            "--rails-configmap",
+            CM,
+        ]);
+    let mut publisher = c.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed_passes = || {
+        w.read_log("publisher.log")
+            .lines()
+            .filter(|l| l.contains("publish pass failed") && l.contains("API timeout"))
+            .count()
+    };
+    while failed_passes() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the passes stalled: {}",
+            w.read_log("publisher.log")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        w.dir.join("f/nodefabric").exists(),
+        "labels do not wait for the API"
+    );
+    assert_eq!(probe(port, "/livez"), Some(200), "passes complete");
+    assert_eq!(probe(port, "/readyz"), Some(503), "passes fail");
+    assert_eq!(w.data()["node-a"], "previous");
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
