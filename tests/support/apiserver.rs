@@ -411,6 +411,34 @@ impl ApiServer {
         })
     }
 
+    /// Deletes ConfigMap `ns/name`, as `kubectl delete` would.
+    pub fn delete_configmap(&self, ns: &str, name: &str) {
+        self.with(|s| {
+            let mut old = s
+                .objects
+                .remove(&key("configmaps", ns, name))
+                .expect("ConfigMap exists");
+            let rv = s.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.event(rv, "configmaps", ns, "DELETED", old);
+        })
+    }
+
+    /// Deletes NodeRailRecord `name`, as `kubectl delete` (or a CRD
+    /// re-installed) would.
+    pub fn delete_record(&self, name: &str) {
+        self.with(|s| {
+            let mut old = s
+                .objects
+                .remove(&key(RECORDS, "", name))
+                .expect("NodeRailRecord exists");
+            s.owners.remove(name);
+            let rv = s.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.event(rv, RECORDS, "", "DELETED", old);
+        })
+    }
+
     /// Installs the NodeRailRecord CRD from deploy/crds/: from now on the
     /// server serves the resource and validates objects against its schema.
     pub fn install_crd(&self) {
