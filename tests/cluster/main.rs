@@ -1881,3 +1881,63 @@ fn server_side_loss_of_a_node_rail_record_is_restored_within_an_interval_not_hid
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
+
+#[test]
+fn observer_cleanup_transient_error_is_retried_with_backoff_not_left_until_the_resync() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
+    let mut obs = w.synced_observer(); // resync: the 10m default
+                                       // One plain 500 (not retried by the request policy) on the removal.
+    w.api.fault("PATCH", CM_PATH, Action::Respond(500));
+    w.api.delete_node("b");
+    // Well before the resync: a hang guard, not a measurement.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while w.data().contains_key("b") {
+        assert!(
+            Instant::now() < deadline,
+            "the record of deleted Node b is still there: {}",
+            w.read_log("observer.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(w.data().contains_key("a"));
+    assert!(
+        patches(&w.api).iter().any(|p| p.status == 500),
+        "the first removal failed"
+    );
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn observer_is_unready_while_its_node_watch_keeps_failing() {
+    let w = World::new();
+    w.api.add_node("a");
+    w.api.add_deployment(NS, OWNER);
+    let port = free_port();
+    let mut obs = w
+        .observe()
+        .args(["--health-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the observer is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    for _ in 0..3 {
+        w.api
+            .fault_where("GET", "/api/v1/nodes", Some("watch="), Action::Respond(500));
+    }
+    w.api.drop_watches();
+    eventually("the observer is unready", || {
+        probe(port, "/readyz") == Some(503)
+    });
+    assert_eq!(probe(port, "/livez"), Some(200));
+    // The watch works again: the next event shows it, and it is ready.
+    w.api.touch_node("a");
+    eventually("the observer is ready again", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    assert!(sigterm(&mut obs).success());
+}
