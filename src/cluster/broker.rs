@@ -390,7 +390,7 @@ pub async fn read_node_uid(client: &Client, name: &str) -> Result<String, Cluste
             Some(403) => ClusterError::Forbidden {
                 what: what.clone(),
                 needs: "`get` on nodes".into(),
-                message: e.to_string(),
+                message: status_message(&e),
             },
             _ => ClusterError::api(what.clone(), e),
         })?;
@@ -440,7 +440,7 @@ pub async fn publish(
             Some(403) => ClusterError::Forbidden {
                 what: request,
                 needs: format!("`patch` on the ConfigMap {} (resourceNames)", cm.name),
-                message: e.to_string(),
+                message: status_message(&e),
             },
             Some(422) if too_long(&e) => ClusterError::TooLarge {
                 cm,

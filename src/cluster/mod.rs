@@ -13,7 +13,7 @@
 
 pub mod broker;
 pub mod client;
-mod error;
+pub(crate) mod error;
 pub mod health;
 pub mod observer;
 pub mod record;

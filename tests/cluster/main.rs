@@ -1941,3 +1941,114 @@ fn observer_is_unready_while_its_node_watch_keeps_failing() {
     });
     assert!(sigterm(&mut obs).success());
 }
+
+#[test]
+fn node_names_that_are_not_dns_subdomains_are_a_usage_error_naming_the_flag_and_value() {
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    for bad in ["", "a/b", "n1/../n1", "Node-A", "a..b"] {
+        let o = w.broker(bad, "lldp.json").output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {e}");
+        assert!(
+            e.contains("--node-name") && e.contains(&format!("{bad:?}")),
+            "{bad:?}: {e}"
+        );
+        // From the environment, as the DaemonSet sets it.
+        let mut c = w.broker("x", "lldp.json");
+        let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+        let at = args.iter().position(|a| a == "--node-name").unwrap();
+        let mut c2 = w.nodefabric_as(&w.broker_kubeconfig);
+        c2.args(args[..at].iter().chain(&args[at + 2..]))
+            .env("NODE_NAME", bad);
+        c = c2;
+        let o = c.output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        if bad.is_empty() {
+            // An empty NODE_NAME is no name: publishing needs one.
+            assert!(!o.status.success(), "{e}");
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(2), "NODE_NAME={bad:?}: {e}");
+        assert!(
+            e.contains("NODE_NAME") && e.contains(&format!("{bad:?}")),
+            "NODE_NAME={bad:?}: {e}"
+        );
+    }
+    assert!(
+        w.api.log().is_empty(),
+        "nothing reached the API: {:?}",
+        w.api.log().iter().map(|l| &l.path).collect::<Vec<_>>()
+    );
+    assert!(w.data().is_empty());
+}
+
+#[test]
+fn running_observer_that_loses_its_configmap_ownership_refuses_it_as_a_restart_would() {
+    let w = World::new();
+    let a = w.api.add_node("a");
+    w.owned_configmap(json!({"a": record(&a)}));
+    let mut obs = w
+        .observe()
+        .args(["--resync", "1s", "--log-level", "debug"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(w.dir.join("observer.log")).unwrap())
+        .spawn()
+        .unwrap();
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    // Someone else's ConfigMap now, with a record whose Node is gone.
+    w.api.put_configmap(
+        NS,
+        CM,
+        json!({"data": {"a": record(&a), "gone": record("u-gone")}}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = obs.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the observer carries on: {}",
+            w.read_log("observer.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let log = w.read_log("observer.log");
+    assert!(
+        log.contains("refusing to adopt") && log.contains("no controller ownerReference"),
+        "{log}"
+    );
+    assert!(w.data().contains_key("gone"), "nothing was changed");
+    // A restart says the same.
+    let e = failed(w.observe().output().unwrap());
+    assert!(e.contains("refusing to adopt"), "{e}");
+}
+
+#[test]
+fn api_error_texts_name_each_cause_once_in_words_without_a_status_dump() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    w.api.fault("PATCH", CM_PATH, Action::Respond(409));
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(!e.contains("Status {") && !e.contains("ApiError"), "{e}");
+    assert!(e.contains("the API server refused: 409 Conflict"), "{e}");
+    let line = e.lines().find(|l| l.contains("409")).unwrap();
+    // Every cause once: no part of the line repeats the one before it.
+    let parts: Vec<&str> = line.split(": ").collect();
+    for pair in parts.windows(2) {
+        assert_ne!(pair[0], pair[1], "{line}");
+    }
+    let msg = parts.last().unwrap();
+    assert_eq!(line.matches(msg).count(), 1, "{line}");
+    // The same for a refusal the broker names (403): the server's words once.
+    w.api.fault("PATCH", CM_PATH, Action::Respond(403));
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(!e.contains("Status {") && !e.contains("ApiError"), "{e}");
+    assert_eq!(w.data()["node-a"], "previous");
+}

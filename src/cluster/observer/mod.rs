@@ -60,7 +60,8 @@ pub struct Settings {
 }
 
 /// Runs with `client` until SIGTERM or SIGINT (then `Ok`), or until the
-/// ConfigMap cannot be claimed (an error, with nothing changed).
+/// ConfigMap cannot be claimed, at the start or at any later reconcile (an
+/// error, with nothing changed).
 pub async fn run(client: Client, settings: Settings) -> Result<(), ClusterError> {
     let mut term = signal(SignalKind::terminate()).map_err(ClusterError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ClusterError::Runtime)?;
@@ -110,14 +111,14 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
         let event = tokio::select! {
             e = events.next() => e,
             _ = resync.tick(), if synced => {
-                let ok = pass(client, claimed, &nodes, None).await;
+                let ok = pass(client, claimed, &nodes, None).await?;
                 state.passed(ok, true, &settings.health);
                 continue;
             }
             // A failed reconcile is tried again (all of it) after a jittered
             // backoff, not left until the resync.
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if synced && retry_at.is_some() => {
-                let ok = pass(client, claimed, &nodes, None).await;
+                let ok = pass(client, claimed, &nodes, None).await?;
                 state.passed(ok, true, &settings.health);
                 continue;
             }
@@ -158,7 +159,7 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                     "Node cache synced ({} Nodes); reconciling every record",
                     nodes.len()
                 );
-                let ok = pass(client, claimed, &nodes, None).await;
+                let ok = pass(client, claimed, &nodes, None).await?;
                 state.passed(ok, true, &settings.health);
             }
             Event::Apply(n) => {
@@ -167,7 +168,7 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                 };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
-                    let ok = pass(client, claimed, &nodes, Some(&name)).await;
+                    let ok = pass(client, claimed, &nodes, Some(&name)).await?;
                     state.passed(ok, false, &settings.health);
                 }
             }
@@ -177,7 +178,7 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                 };
                 nodes.remove(&name);
                 if synced {
-                    let ok = pass(client, claimed, &nodes, Some(&name)).await;
+                    let ok = pass(client, claimed, &nodes, Some(&name)).await?;
                     state.passed(ok, false, &settings.health);
                 }
             }
@@ -242,16 +243,17 @@ impl Readiness {
 
 /// One reconciliation of every record, or of the one for Node `key`;
 /// whether it succeeded. Failures are logged. A ConfigMap deleted under the
-/// observer is created again.
+/// observer is created again. A ConfigMap it no longer controls is the one
+/// error returned: the observer stops, as a restart would refuse it.
 async fn pass(
     client: &Client,
     claimed: Option<&Claimed>,
     nodes: &Nodes,
     key: Option<&str>,
-) -> bool {
+) -> Result<bool, ClusterError> {
     let result = match claimed {
         Some(Claimed { cm, owner }) => {
-            let mut result = stale_keys::clean(client, cm, nodes, key).await;
+            let mut result = stale_keys::clean(client, cm, owner, nodes, key).await;
             if let Err(ClusterError::NoConfigMap(_)) = result {
                 tracing::warn!("ConfigMap {cm} is gone; creating it again");
                 result = match claim::ensure(client, cm, owner).await {
@@ -275,11 +277,15 @@ async fn pass(
                 out.removed,
                 out.changed
             );
-            true
+            Ok(true)
+        }
+        Err(e @ ClusterError::NotOwned { .. }) => {
+            tracing::error!("reconciling {what}: {}; stopping", Chain(&e));
+            Err(e)
         }
         Err(e) => {
             tracing::error!("reconciling {what}: {}", Chain(&e));
-            false
+            Ok(false)
         }
     }
 }
