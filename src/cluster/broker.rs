@@ -11,7 +11,8 @@
 //!
 //! [`Broker`] is the synchronous face the publisher calls every pass. A
 //! write is skipped only when the server still holds exactly what would be
-//! written: each pass reads its own record back first (the ConfigMap's
+//! written: a pass that would send again what this process published reads
+//! its own record back first (the ConfigMap's
 //! metadata, and its data only when the ConfigMap changed since the record
 //! was last seen there; or its own NodeRailRecord), so a record deleted, a
 //! ConfigMap re-created, a key edited by hand or a CRD re-installed is put
@@ -169,26 +170,36 @@ impl Broker {
         let mut record = std::borrow::Cow::Borrowed(record);
         let mut text = compact(&record);
         let place = target.to_string();
-        if let Some(rv) = self.held(target, node, &record, &text)? {
-            tracing::debug!(
-                "the server holds this rail record at {target} already: not sent again"
-            );
-            self.memo.set_confirmed(&place, &text, rv);
-            return Ok(());
-        }
-        if self.memo.confirmed(&place, &text) && !record.node_uid.is_empty() {
-            // What this process published went missing or changed on the
-            // server: the Node may have been re-created, so its UID is read
-            // again before the record is written again.
-            tracing::warn!(
-                "{target} no longer holds the rail record this node published: writing it again"
-            );
-            self.memo.forget_uid();
-            let uid = self.node_uid()?;
-            if uid != record.node_uid {
-                tracing::info!("Node {node}'s UID is now {uid}");
-                record.to_mut().node_uid = uid;
-                text = compact(&record);
+        // A record this process published before is read back first, and
+        // not sent again only when the server still holds exactly it; a new
+        // or changed record (and a one-shot run's) is sent straight away.
+        if self.memo.confirmed(&place, &text) {
+            match self.held(target, node, &record, &text) {
+                Ok(Some(rv)) => {
+                    tracing::debug!(
+                        "the server holds this rail record at {target} already: not sent again"
+                    );
+                    self.memo.set_confirmed(&place, &text, rv);
+                    return Ok(());
+                }
+                Ok(None) if !record.node_uid.is_empty() => {
+                    // It went missing or changed on the server: the Node may
+                    // have been re-created, so its UID is read again first.
+                    tracing::warn!("{target} no longer holds the rail record this node published: writing it again");
+                    self.memo.forget_uid();
+                    let uid = self.node_uid()?;
+                    if uid != record.node_uid {
+                        tracing::info!("Node {node}'s UID is now {uid}");
+                        record.to_mut().node_uid = uid;
+                        text = compact(&record);
+                    }
+                }
+                Ok(None) => {}
+                // The write says what is wrong, as it would without the read.
+                Err(e) => tracing::debug!(
+                    "reading back {target}: {}; writing it",
+                    super::error::Chain(&e)
+                ),
             }
         }
         self.send(target, node, &record, &text)?;
