@@ -89,10 +89,15 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
         info!("health endpoints on http://{bound}/livez and /readyz");
     }
     health.set_live(true);
+    // A pass waits at most for its vendor tools and the API, each bounded:
+    // none completing in three intervals plus three such waits is a stuck
+    // process, which liveness reports so the kubelet restarts it.
+    health.expect_passes_within(3 * (interval + args.rails.cluster.api_timeout + cli.tool_timeout));
     loop {
         // A failed pass keeps everything previously published; the sidecar
         // carries on, unready, and tries again next interval.
         let result = publish_once(cli, args);
+        health.pass_completed();
         health.set_ready(result.is_ok());
         if let Err(e) = result {
             error!("publish pass failed, previous output kept: {e:#}");

@@ -168,11 +168,20 @@ pub async fn connect(settings: &Settings) -> Result<Client, ClusterError> {
     // kube-rs's own retry layer would be a second policy under this one.
     config.default_retry = false;
     let source_name = config.cluster_url.to_string();
+    // Building runs the kubeconfig's credential command (`exec`), a blocking
+    // wait on a child: on the blocking pool, so the caller's timeout can
+    // give up on it while the runtime carries on.
     let builder =
-        kube::client::ClientBuilder::try_from(config).map_err(|e| ClusterError::Config {
-            source_name,
-            message: format!("{e:#}"),
-        })?;
+        tokio::task::spawn_blocking(move || kube::client::ClientBuilder::try_from(config))
+            .await
+            .map_err(|e| ClusterError::Config {
+                source_name: source_name.clone(),
+                message: format!("the client setup stopped: {e}"),
+            })?
+            .map_err(|e| ClusterError::Config {
+                source_name,
+                message: format!("{e:#}"),
+            })?;
     // The retry layer clones its inner service for each attempt: the buffer
     // makes kube-rs's boxed stack cloneable (one worker task on this runtime).
     Ok(builder
@@ -184,20 +193,67 @@ pub async fn connect(settings: &Settings) -> Result<Client, ClusterError> {
 /// The process's one client, built on the first call (in the process's
 /// runtime, see [`run`]) and handed out again on every later call. A call
 /// with other settings than the first is an error, not a second client.
+/// A caller that gives up waiting (its timeout) leaves the build running:
+/// the next call waits on that same build instead of starting another, so a
+/// hung credential command costs one child, not one per pass.
 pub async fn shared(settings: &Settings) -> Result<Client, ClusterError> {
-    static CLIENT: tokio::sync::OnceCell<(Settings, Client)> = tokio::sync::OnceCell::const_new();
-    one_per_process(&CLIENT, settings, || connect(settings)).await
+    static CLIENT: Slot<Client> = Slot::new();
+    let owned = settings.clone();
+    one_per_process(&CLIENT, settings, move || connect_owned(owned)).await
+}
+
+async fn connect_owned(settings: Settings) -> Result<Client, ClusterError> {
+    connect(&settings).await
+}
+
+/// The one value of a process ([`shared`]'s client) and the build under way.
+struct Slot<T> {
+    value: tokio::sync::OnceCell<(Settings, T)>,
+    /// The build started and not yet awaited to its end.
+    building: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<T, ClusterError>>>>,
+}
+
+impl<T> Slot<T> {
+    const fn new() -> Slot<T> {
+        Slot {
+            value: tokio::sync::OnceCell::const_new(),
+            building: tokio::sync::Mutex::const_new(None),
+        }
+    }
 }
 
 /// The cell behind [`shared`], apart so a test can count the builds.
-async fn one_per_process<T: Clone, F: Future<Output = Result<T, ClusterError>>>(
-    cell: &tokio::sync::OnceCell<(Settings, T)>,
+async fn one_per_process<T, F>(
+    slot: &Slot<T>,
     settings: &Settings,
     build: impl FnOnce() -> F,
-) -> Result<T, ClusterError> {
-    let (first, value) = cell
-        .get_or_try_init(|| async { Ok((settings.clone(), build().await?)) })
-        .await?;
+) -> Result<T, ClusterError>
+where
+    T: Clone + Send + 'static,
+    F: Future<Output = Result<T, ClusterError>> + Send + 'static,
+{
+    let (first, value) = match slot.value.get() {
+        Some(v) => v,
+        None => {
+            let mut building = slot.building.lock().await;
+            match slot.value.get() {
+                Some(v) => v,
+                None => {
+                    let handle = building.get_or_insert_with(|| tokio::spawn(build()));
+                    // Dropped here (the caller's timeout), the handle stays
+                    // for the next call; finished, it goes.
+                    let built = handle.await;
+                    *building = None;
+                    let built = built.map_err(|e| ClusterError::Config {
+                        source_name: "the API client".into(),
+                        message: format!("the client setup stopped: {e}"),
+                    })??;
+                    let _ = slot.value.set((settings.clone(), built));
+                    slot.value.get().expect("just set")
+                }
+            }
+        }
+    };
     if first != settings {
         return Err(ClusterError::OtherClientSettings {
             first: format!("{first:?}"),
@@ -232,13 +288,37 @@ pub fn block_on<T>(work: impl Future<Output = Result<T, ClusterError>>) -> Resul
     runtime()?.block_on(work)
 }
 
-/// Runs `work` with the process's client (see [`shared`]) on the process's
-/// runtime: the synchronous callers' one entry.
-pub fn run<T, Fut>(settings: &Settings, work: impl FnOnce(Client) -> Fut) -> Result<T, ClusterError>
+/// Runs `work` (the request `what`) with the process's client (see
+/// [`shared`]) on the process's runtime: the synchronous callers' one entry.
+/// With a timeout in `settings`, the whole of it is bounded by that timeout:
+/// the client's setup and its credential command, a token refresh, every
+/// request and its retries.
+pub fn run<T, Fut>(
+    settings: &Settings,
+    what: &str,
+    work: impl FnOnce(Client) -> Fut,
+) -> Result<T, ClusterError>
 where
     Fut: Future<Output = Result<T, ClusterError>>,
 {
-    block_on(async { work(shared(settings).await?).await })
+    block_on(async {
+        let Some(after) = settings.timeout else {
+            return work(shared(settings).await?).await;
+        };
+        let deadline = tokio::time::Instant::now() + after;
+        let client = tokio::time::timeout_at(deadline, shared(settings))
+            .await
+            .map_err(|_| ClusterError::SetupTimedOut {
+                what: what.to_string(),
+                after,
+            })??;
+        tokio::time::timeout_at(deadline, work(client))
+            .await
+            .map_err(|_| ClusterError::TimedOut {
+                what: what.to_string(),
+                after,
+            })?
+    })
 }
 
 #[cfg(test)]
@@ -249,14 +329,14 @@ mod tests {
     #[test]
     fn one_client_per_process_is_built_once_a_failed_build_is_not_kept_and_other_settings_are_refused(
     ) {
-        let cell = tokio::sync::OnceCell::new();
-        let builds = AtomicUsize::new(0);
+        let cell = Slot::new();
+        let builds = std::sync::Arc::new(AtomicUsize::new(0));
         let settings = Settings {
             timeout: Some(Duration::from_secs(30)),
             ..Settings::default()
         };
         let build = |ok: bool| {
-            let builds = &builds;
+            let builds = builds.clone();
             move || async move {
                 builds.fetch_add(1, Ordering::SeqCst);
                 if ok {
@@ -288,6 +368,38 @@ mod tests {
             builds.load(Ordering::SeqCst),
             2,
             "the failed build and the one kept"
+        );
+    }
+
+    #[test]
+    fn hung_credential_command_a_build_that_outlives_its_caller_is_awaited_again_not_started_twice()
+    {
+        let cell = Slot::new();
+        let builds = std::sync::Arc::new(AtomicUsize::new(0));
+        let settings = Settings::default();
+        let slow = || {
+            let builds = builds.clone();
+            move || async move {
+                builds.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(7)
+            }
+        };
+        block_on(async {
+            let short = Duration::from_millis(50);
+            for _ in 0..2 {
+                let r =
+                    tokio::time::timeout(short, one_per_process(&cell, &settings, slow())).await;
+                assert!(r.is_err(), "the caller gave up");
+            }
+            assert_eq!(one_per_process(&cell, &settings, slow()).await?, 7);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            1,
+            "one build, awaited three times"
         );
     }
 

@@ -61,15 +61,14 @@ pub enum ClusterError {
         /// The server's message.
         message: String,
     },
-    /// Any other API answer or transport failure (kube-rs's error is the
-    /// source, which `{:#}` prints after the request).
-    #[error("{what}")]
+    /// Any other API answer or transport failure, each cause said once, in
+    /// words ([`describe`]).
+    #[error("{what}: {}", describe(error))]
     Api {
         /// The request.
         what: String,
         /// What kube-rs said.
-        #[source]
-        source: kube::Error,
+        error: kube::Error,
     },
     /// The observer found a same-named ConfigMap it does not own.
     #[error("ConfigMap {cm} exists and is not controlled by Deployment {deployment} (uid {uid}); {found}: refusing to adopt it (nothing was changed). Delete it, or give --rails-configmap another name")]
@@ -102,6 +101,24 @@ pub enum ClusterError {
         /// The settings asked for since.
         now: String,
     },
+    /// The client's setup (its configuration and credential command) did
+    /// not finish within the API timeout.
+    #[error("{what}: setting up the API client (its configuration and credential command) took longer than the API timeout ({}, --api-timeout)", humantime::format_duration(*after))]
+    SetupTimedOut {
+        /// The request it was for.
+        what: String,
+        /// The API timeout.
+        after: std::time::Duration,
+    },
+    /// A request (with its retries and token refresh) did not finish within
+    /// the API timeout.
+    #[error("{what}: not done within the API timeout ({}, --api-timeout)", humantime::format_duration(*after))]
+    TimedOut {
+        /// The request.
+        what: String,
+        /// The API timeout.
+        after: std::time::Duration,
+    },
     /// A publication names no node to key the record by.
     #[error("publishing to a {0} needs --node-name")]
     NoNodeName(String),
@@ -121,10 +138,10 @@ pub enum ClusterError {
 
 impl ClusterError {
     /// Wraps a kube-rs error with the request it answered.
-    pub fn api(what: impl Into<String>, source: kube::Error) -> ClusterError {
+    pub fn api(what: impl Into<String>, error: kube::Error) -> ClusterError {
         ClusterError::Api {
             what: what.into(),
-            source,
+            error,
         }
     }
 }
@@ -145,18 +162,67 @@ pub(crate) fn status_message(e: &kube::Error) -> String {
     }
 }
 
+/// A kube-rs error in words, each cause once: an API answer as "the API
+/// server refused: 409 Conflict: <its message>" (not kube-rs's text, which
+/// adds the whole `Status` as a debug dump), anything else as its chain of
+/// causes ([`Chain`]).
+pub(crate) fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let words = axum::http::StatusCode::from_u16(s.code)
+                .ok()
+                .and_then(|c| c.canonical_reason())
+                .unwrap_or(s.reason.as_str());
+            match s.message.trim() {
+                "" => format!("the API server refused: {} {words}", s.code),
+                m => format!("the API server refused: {} {words}: {m}", s.code),
+            }
+        }
+        other => Chain(other).to_string(),
+    }
+}
+
 /// An error and its sources joined by `: `, as the command line prints a
-/// cause chain, for the log lines of a process that carries on after the error.
+/// cause chain, for the log lines of a process that carries on after the error;
+/// a source whose words are already said (kube-rs and hyper repeat their
+/// source in their own text) is left out.
 pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut said = self.0.to_string();
         let mut next = self.0.source();
         while let Some(e) = next {
-            write!(f, ": {e}")?;
+            let words = e.to_string();
+            if !said.contains(&words) {
+                said = format!("{said}: {words}");
+            }
             next = e.source();
         }
-        Ok(())
+        f.write_str(&said)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_error_texts_say_each_cause_once_in_words() {
+        let status =
+            kube::core::Status::failure("configmaps \"x\" already exists", "AlreadyExists")
+                .with_code(409);
+        let e = ClusterError::api("POST ConfigMap ns/x", kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "POST ConfigMap ns/x: the API server refused: 409 Conflict: configmaps \"x\" already exists"
+        );
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: inner")]
+        struct Outer(#[source] Inner);
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner")]
+        struct Inner;
+        assert_eq!(Chain(&Outer(Inner)).to_string(), "outer: inner");
     }
 }

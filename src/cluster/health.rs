@@ -7,6 +7,7 @@ use axum::http::{StatusCode, Uri};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Shared health flags; cheap to clone, set from anywhere.
 #[derive(Debug, Clone, Default)]
@@ -16,6 +17,10 @@ pub struct Health {
     /// Why the process, though running, cannot do its work until restarted
     /// (a folder deleted under its mount): liveness fails, naming it.
     broken: Arc<Mutex<Option<String>>>,
+    /// For a process that works in passes: how long one may take at most,
+    /// and when the last one completed. Past that, liveness fails: a pass
+    /// stuck on something no timeout bounds needs a restart.
+    passes: Arc<Mutex<Option<(Duration, Instant)>>>,
 }
 
 impl Health {
@@ -40,16 +45,48 @@ impl Health {
         *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = why;
     }
 
-    /// Whether live: started, and not broken.
+    /// From now on, liveness fails whenever no pass has completed (see
+    /// [`Health::pass_completed`]) for `window`.
+    pub fn expect_passes_within(&self, window: Duration) {
+        *self.passes.lock().unwrap_or_else(|e| e.into_inner()) = Some((window, Instant::now()));
+    }
+
+    /// Records that a pass completed, whether it succeeded or failed.
+    pub fn pass_completed(&self) {
+        if let Some((_, at)) = self
+            .passes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            *at = Instant::now();
+        }
+    }
+
+    /// Whether live: started, not broken, and passes completing.
     pub fn live(&self) -> bool {
         self.live.load(Ordering::SeqCst) && self.broken().is_none()
     }
 
+    /// Why the process cannot work until restarted: a folder deleted under
+    /// it, or a pass that has not completed in its window.
     fn broken(&self) -> Option<String> {
-        self.broken
+        let why = self
+            .broken
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        why.or_else(|| {
+            let (window, at) = (*self.passes.lock().unwrap_or_else(|e| e.into_inner()))?;
+            let since = at.elapsed();
+            (since > window).then(|| {
+                format!(
+                    "no pass completed for {} (at most {} expected): a pass is stuck",
+                    humantime::format_duration(Duration::from_secs(since.as_secs())),
+                    humantime::format_duration(window)
+                )
+            })
+        })
     }
 
     /// Whether ready.
@@ -135,6 +172,32 @@ mod tests {
             )
         );
         h.set_broken(None);
+        assert_eq!(h.answer("/livez").0, StatusCode::OK);
+    }
+
+    #[test]
+    fn hung_credential_command_liveness_fails_once_no_pass_completed_within_its_window() {
+        let h = Health::new();
+        h.set_live(true);
+        h.expect_passes_within(Duration::from_millis(200));
+        assert_eq!(h.answer("/livez").0, StatusCode::OK);
+        std::thread::sleep(Duration::from_millis(120));
+        h.pass_completed();
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(
+            h.answer("/livez").0,
+            StatusCode::OK,
+            "a pass completed in time"
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        let (code, body) = h.answer("/livez");
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains("no pass completed") && body.contains("200ms"),
+            "{body}"
+        );
+        assert!(!h.live());
+        h.pass_completed();
         assert_eq!(h.answer("/livez").0, StatusCode::OK);
     }
 }

@@ -13,7 +13,7 @@
 
 pub mod broker;
 pub mod client;
-mod error;
+pub(crate) mod error;
 pub mod health;
 pub mod node_rail_record;
 pub mod observer;

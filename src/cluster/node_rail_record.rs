@@ -143,7 +143,7 @@ pub(crate) fn record_error(request: String, needs: &str, e: kube::Error) -> Clus
         Some(403) => ClusterError::Forbidden {
             what: request,
             needs: needs.to_string(),
-            message: e.to_string(),
+            message: status_message(&e),
         },
         _ => ClusterError::api(request, e),
     }

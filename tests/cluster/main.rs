@@ -1662,3 +1662,393 @@ fn malformed_answers_to_the_records_list_or_apply_fail_naming_the_request_and_de
     assert!(w.nrr("node-a").is_some());
     assert!(sigterm(&mut obs).success());
 }
+
+// ---- issue 31: faults that lost records ---------------------------------------
+
+/// The broker's kubeconfig with its credential from an `exec` plugin that
+/// never returns (a hung cloud CLI).
+fn hung_credential_kubeconfig(w: &World) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = w.dir.join("hung-credential.sh");
+    fs::write(&script, "#!/bin/sh\nPATH=/usr/bin:/bin exec sleep 600\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(&w.broker_kubeconfig).unwrap()).unwrap();
+    config["users"][0]["user"] = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": script,
+        "interactiveMode": "Never",
+    }});
+    let path = w.dir.join("kubeconfig-hung-credential");
+    fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    path
+}
+
+/// Runs `c` to its end, or kills it and fails once `limit` has passed.
+fn output_within(c: &mut Command, limit: Duration) -> Output {
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output().unwrap()));
+    match rx.recv_timeout(limit) {
+        Ok(o) => o,
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("still running after {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn hung_credential_command_fails_the_pass_within_the_api_timeout_and_the_next_interval_runs() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    let hung = hung_credential_kubeconfig(&w);
+    // A one-shot broker: the Node read waits on the credential command; the
+    // API timeout bounds it, credential command included.
+    let started = Instant::now();
+    let o = output_within(
+        w.broker("node-a", "lldp.json")
+            .env("KUBECONFIG", &hung)
+            .args(["--api-timeout", "1s"]),
+        Duration::from_secs(60),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let e = failed(o);
+    let lines: Vec<&str> = e.lines().filter(|l| l.contains("API timeout")).collect();
+    assert_eq!(lines.len(), 1, "one line names the timeout: {e}");
+    assert!(
+        lines[0].contains("1s") && lines[0].contains("Node node-a"),
+        "{e}"
+    );
+    assert_eq!(w.data()["node-a"], "previous");
+
+    // An interval publisher: each pass fails within the timeout, the next
+    // one runs, the labels are written (they never wait for the API), and
+    // the passes completing keep it live.
+    let port = free_port();
+    let log = fs::File::create(w.dir.join("publisher.log")).unwrap();
+    let mut c = w.nodefabric_as(&hung);
+    c.args(["publish", "--sysfs-root"]).arg(&w.root);
+    for (flag, dir) in [
+        ("--features-dir", "f"),
+        ("--cdi-dir", "cdi"),
+        ("--state-dir", "s"),
+    ] {
+        c.arg(flag).arg(w.dir.join(dir));
+    }
+    c.args(["--interval", "1s", "--api-timeout", "1s", "--health-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--lldp-json")
+        .arg(w.dir.join("lldp.json"))
+        .args([
+            "--interface-regex",
+            "^eth_r([0-9]+)_p[0-9]+$",
+            "--rail-id",
+            "rail$1",
+            "--sysfs-paths",
+            "--node-name",
+            "node-a",
+            "--rails-configmap",
+            CM,
+        ]);
+    let mut publisher = c.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed_passes = || {
+        w.read_log("publisher.log")
+            .lines()
+            .filter(|l| l.contains("publish pass failed") && l.contains("API timeout"))
+            .count()
+    };
+    while failed_passes() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the passes stalled: {}",
+            w.read_log("publisher.log")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        w.dir.join("f/nodefabric").exists(),
+        "labels do not wait for the API"
+    );
+    assert_eq!(probe(port, "/livez"), Some(200), "passes complete");
+    assert_eq!(probe(port, "/readyz"), Some(503), "passes fail");
+    assert_eq!(w.data()["node-a"], "previous");
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
+
+#[test]
+fn server_side_loss_of_the_configmap_record_is_restored_within_an_interval_not_hidden_for_ten_minutes(
+) {
+    let w = World::new();
+    w.api.add_node("node-a");
+    w.owned_configmap(json!({}));
+    let port = free_port();
+    let mut publisher = interval_publisher(&w, port, &["--rails-configmap", CM]);
+    let has = |w: &World, v: &str| {
+        w.api
+            .data(NS, CM)
+            .and_then(|d| d.get("node-a").cloned())
+            .as_deref()
+            == Some(v)
+    };
+    eventually("the record is published", || {
+        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
+    });
+    let published = w.data()["node-a"].clone();
+    eventually("the publisher is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    // The key edited by hand.
+    w.api
+        .with(|s| s.set_configmap_key(NS, CM, "node-a", "edited by hand"));
+    eventually("the hand edit is overwritten", || has(&w, &published));
+    // The ConfigMap deleted: the record cannot be written, and readiness says so.
+    w.api.delete_configmap(NS, CM);
+    eventually("the publisher is unready", || {
+        probe(port, "/readyz") == Some(503)
+    });
+    // Created again, empty (as the observer does): the record comes back.
+    w.owned_configmap(json!({}));
+    eventually("the record is restored", || has(&w, &published));
+    eventually("the publisher is ready again", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    // The Node re-created under a new UID; its old record removed (as the
+    // observer does): the broker reads the new UID and writes it.
+    let new_uid = w.api.add_node("node-a");
+    w.owned_configmap(json!({}));
+    eventually("the record carries the new UID", || {
+        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
+            && w.record_uid("node-a").as_deref() == Some(new_uid.as_str())
+    });
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
+
+#[test]
+fn server_side_loss_of_a_node_rail_record_is_restored_within_an_interval_not_hidden_for_ten_minutes(
+) {
+    let w = World::new();
+    w.api.add_node("node-a");
+    w.api.install_crd();
+    let port = free_port();
+    let mut publisher = interval_publisher(&w, port, &["--rails-record", "custom-resource"]);
+    eventually("the record is applied", || w.nrr("node-a").is_some());
+    let spec = w.nrr("node-a").unwrap()["spec"].clone();
+    // Deleted (or gone with a re-installed CRD): applied again.
+    w.api.delete_record("node-a");
+    eventually("the record is applied again", || {
+        w.nrr("node-a").is_some_and(|r| r["spec"] == spec)
+    });
+    // Its spec edited by hand: put back.
+    assert!(
+        w.api.with(|s| s.edit_record(
+            "node-a",
+            "kubectl-edit",
+            json!({"spec": {"railSource": "interface-name"}})
+        )) < 300
+    );
+    eventually("the hand edit is undone", || {
+        w.nrr("node-a").is_some_and(|r| r["spec"] == spec)
+    });
+    // The Node re-created: the garbage collector takes the record, and the
+    // broker applies it again owned by the new Node.
+    let new_uid = w.api.add_node("node-a");
+    w.api.with(|s| s.collect_garbage());
+    eventually("the record is owned by the new Node", || {
+        w.nrr("node-a").is_some_and(|r| {
+            r["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str()
+                && r["spec"]["nodeUID"] == new_uid.as_str()
+        })
+    });
+    eventually("the publisher is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+}
+
+#[test]
+fn observer_cleanup_transient_error_is_retried_with_backoff_not_left_until_the_resync() {
+    let w = World::new();
+    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
+    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
+    let mut obs = w.synced_observer(); // resync: the 10m default
+                                       // One plain 500 (not retried by the request policy) on the removal.
+    w.api.fault("PATCH", CM_PATH, Action::Respond(500));
+    w.api.delete_node("b");
+    // Well before the resync: a hang guard, not a measurement.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while w.data().contains_key("b") {
+        assert!(
+            Instant::now() < deadline,
+            "the record of deleted Node b is still there: {}",
+            w.read_log("observer.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(w.data().contains_key("a"));
+    assert!(
+        patches(&w.api).iter().any(|p| p.status == 500),
+        "the first removal failed"
+    );
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn observer_is_unready_while_its_node_watch_keeps_failing() {
+    let w = World::new();
+    w.api.add_node("a");
+    w.api.add_deployment(NS, OWNER);
+    let port = free_port();
+    let mut obs = w
+        .observe()
+        .args(["--health-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("the observer is ready", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    for _ in 0..3 {
+        w.api
+            .fault_where("GET", "/api/v1/nodes", Some("watch="), Action::Respond(500));
+    }
+    w.api.drop_watches();
+    eventually("the observer is unready", || {
+        probe(port, "/readyz") == Some(503)
+    });
+    assert_eq!(probe(port, "/livez"), Some(200));
+    // The watch works again: the next event shows it, and it is ready.
+    w.api.touch_node("a");
+    eventually("the observer is ready again", || {
+        probe(port, "/readyz") == Some(200)
+    });
+    assert!(sigterm(&mut obs).success());
+}
+
+#[test]
+fn node_names_that_are_not_dns_subdomains_are_a_usage_error_naming_the_flag_and_value() {
+    let w = World::new();
+    w.owned_configmap(json!({}));
+    for bad in ["", "a/b", "n1/../n1", "Node-A", "a..b"] {
+        let o = w.broker(bad, "lldp.json").output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {e}");
+        assert!(
+            e.contains("--node-name") && e.contains(&format!("{bad:?}")),
+            "{bad:?}: {e}"
+        );
+        // From the environment, as the DaemonSet sets it.
+        let mut c = w.broker("x", "lldp.json");
+        let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+        let at = args.iter().position(|a| a == "--node-name").unwrap();
+        let mut c2 = w.nodefabric_as(&w.broker_kubeconfig);
+        c2.args(args[..at].iter().chain(&args[at + 2..]))
+            .env("NODE_NAME", bad);
+        c = c2;
+        let o = c.output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        if bad.is_empty() {
+            // An empty NODE_NAME is no name: publishing needs one.
+            assert!(!o.status.success(), "{e}");
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(2), "NODE_NAME={bad:?}: {e}");
+        assert!(
+            e.contains("NODE_NAME") && e.contains(&format!("{bad:?}")),
+            "NODE_NAME={bad:?}: {e}"
+        );
+    }
+    assert!(
+        w.api.log().is_empty(),
+        "nothing reached the API: {:?}",
+        w.api.log().iter().map(|l| &l.path).collect::<Vec<_>>()
+    );
+    assert!(w.data().is_empty());
+}
+
+#[test]
+fn running_observer_that_loses_its_configmap_ownership_refuses_it_as_a_restart_would() {
+    let w = World::new();
+    let a = w.api.add_node("a");
+    w.owned_configmap(json!({"a": record(&a)}));
+    let mut obs = w
+        .observe()
+        .args(["--resync", "1s", "--log-level", "debug"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(w.dir.join("observer.log")).unwrap())
+        .spawn()
+        .unwrap();
+    eventually("the observer synced", || {
+        w.read_log("observer.log")
+            .contains("reconciling every record")
+    });
+    // Someone else's ConfigMap now, with a record whose Node is gone.
+    w.api.put_configmap(
+        NS,
+        CM,
+        json!({"data": {"a": record(&a), "gone": record("u-gone")}}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = obs.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the observer carries on: {}",
+            w.read_log("observer.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let log = w.read_log("observer.log");
+    assert!(
+        log.contains("refusing to adopt") && log.contains("no controller ownerReference"),
+        "{log}"
+    );
+    assert!(w.data().contains_key("gone"), "nothing was changed");
+    // A restart says the same.
+    let e = failed(w.observe().output().unwrap());
+    assert!(e.contains("refusing to adopt"), "{e}");
+}
+
+#[test]
+fn api_error_texts_name_each_cause_once_in_words_without_a_status_dump() {
+    let w = World::new();
+    w.owned_configmap(json!({"node-a": "previous"}));
+    w.api.add_node("node-a");
+    w.api.fault("PATCH", CM_PATH, Action::Respond(409));
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(!e.contains("Status {") && !e.contains("ApiError"), "{e}");
+    assert!(e.contains("the API server refused: 409 Conflict"), "{e}");
+    let line = e.lines().find(|l| l.contains("409")).unwrap();
+    // Every cause once: no part of the line repeats the one before it.
+    let parts: Vec<&str> = line.split(": ").collect();
+    for pair in parts.windows(2) {
+        assert_ne!(pair[0], pair[1], "{line}");
+    }
+    let msg = parts.last().unwrap();
+    assert_eq!(line.matches(msg).count(), 1, "{line}");
+    // The same for a refusal the broker names (403): the server's words once.
+    w.api.fault("PATCH", CM_PATH, Action::Respond(403));
+    let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
+    assert!(!e.contains("Status {") && !e.contains("ApiError"), "{e}");
+    assert_eq!(w.data()["node-a"], "previous");
+}

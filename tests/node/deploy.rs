@@ -360,7 +360,8 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
     );
     assert!(verbs(&rbac, me, "", "configmaps", Some("default"), Some(&cm)).is_empty());
     assert!(verbs(&rbac, me, "", "pods", Some("nodefabric"), None).is_empty());
-    // --rails-record custom-resource: write its NodeRailRecord; never read, list or watch them.
+    // --rails-record custom-resource: write its NodeRailRecord and read it
+    // back (to skip an unchanged write); never list or watch them.
     assert_eq!(
         verbs(
             &rbac,
@@ -370,7 +371,7 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
             None,
             Some("node-a")
         ),
-        ["create", "patch", "delete"]
+        ["get", "create", "patch", "delete"]
     );
     assert!(verbs(
         &rbac,
@@ -381,7 +382,7 @@ fn the_publisher_account_may_get_nodes_and_read_and_patch_only_the_rail_configma
         None
     )
     .iter()
-    .all(|v| !["get", "list", "watch", "deletecollection"].contains(v)));
+    .all(|v| !["list", "watch", "deletecollection"].contains(v)));
 }
 
 /// The observer's Deployment, parsed.

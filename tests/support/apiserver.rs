@@ -411,6 +411,34 @@ impl ApiServer {
         })
     }
 
+    /// Deletes ConfigMap `ns/name`, as `kubectl delete` would.
+    pub fn delete_configmap(&self, ns: &str, name: &str) {
+        self.with(|s| {
+            let mut old = s
+                .objects
+                .remove(&key("configmaps", ns, name))
+                .expect("ConfigMap exists");
+            let rv = s.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.event(rv, "configmaps", ns, "DELETED", old);
+        })
+    }
+
+    /// Deletes NodeRailRecord `name`, as `kubectl delete` (or a CRD
+    /// re-installed) would.
+    pub fn delete_record(&self, name: &str) {
+        self.with(|s| {
+            let mut old = s
+                .objects
+                .remove(&key(RECORDS, "", name))
+                .expect("NodeRailRecord exists");
+            s.owners.remove(name);
+            let rv = s.bump();
+            old["metadata"]["resourceVersion"] = json!(rv.to_string());
+            s.event(rv, RECORDS, "", "DELETED", old);
+        })
+    }
+
     /// Installs the NodeRailRecord CRD from deploy/crds/: from now on the
     /// server serves the resource and validates objects against its schema.
     pub fn install_crd(&self) {
@@ -700,6 +728,32 @@ async fn serve(
         }
     }
     if method == Method::GET && is_watch {
+        // A refusal injected for a watch request (`fault_where(…, "watch=", …)`):
+        // the watch is refused before it starts, as an overloaded server does.
+        let refused = {
+            let mut s = state.lock().unwrap();
+            let at = s.faults.iter().position(|f| {
+                f.method == method
+                    && f.path == path
+                    && matches!(f.action, Action::Respond(_))
+                    && f.query.as_deref().is_some_and(|q| query.contains(q))
+            });
+            match at.map(|i| s.faults.remove(i).action) {
+                Some(Action::Respond(code)) => {
+                    log(&mut s, code);
+                    Some(status(
+                        code,
+                        "InternalError",
+                        &format!("injected failure {code}"),
+                        Value::Null,
+                    ))
+                }
+                _ => None,
+            }
+        };
+        if let Some((code, b)) = refused {
+            return reply(code, &b);
+        }
         let served = match segments.as_slice() {
             ["api", "v1", r] => Some((r.to_string(), String::new())),
             ["api", "v1", "namespaces", ns, r] => Some((r.to_string(), ns.to_string())),

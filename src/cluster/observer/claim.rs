@@ -3,6 +3,7 @@
 //! Deployment garbage-collects the records) and never adopts a same-named
 //! object that someone else made.
 
+use crate::cluster::error::status_message;
 use crate::cluster::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -52,7 +53,7 @@ pub async fn deployment(
             Some(403) => ClusterError::Forbidden {
                 what: what.clone(),
                 needs: format!("`get` on the Deployment {name}"),
-                message: e.to_string(),
+                message: status_message(&e),
             },
             Some(404) => ClusterError::Malformed {
                 what: what.clone(),
@@ -87,7 +88,7 @@ pub async fn ensure(client: &Client, cm: &ConfigMapRef, owner: &Owner) -> Result
         Some(403) => ClusterError::Forbidden {
             what: format!("GET ConfigMap {cm}"),
             needs: "`get` on configmaps in its namespace".into(),
-            message: e.to_string(),
+            message: status_message(&e),
         },
         _ => ClusterError::api(format!("GET ConfigMap {cm}"), e),
     };
@@ -124,7 +125,7 @@ pub async fn ensure(client: &Client, cm: &ConfigMapRef, owner: &Owner) -> Result
         Err(e) if code(&e) == Some(403) => Err(ClusterError::Forbidden {
             what: format!("POST ConfigMap {cm}"),
             needs: "`create` on configmaps in its namespace".into(),
-            message: e.to_string(),
+            message: status_message(&e),
         }),
         Err(e) => Err(ClusterError::api(format!("POST ConfigMap {cm}"), e)),
     }

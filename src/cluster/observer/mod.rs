@@ -60,7 +60,8 @@ pub struct Settings {
 }
 
 /// Runs with `client` until SIGTERM or SIGINT (then `Ok`), or until the
-/// ConfigMap cannot be claimed (an error, with nothing changed).
+/// ConfigMap cannot be claimed, at the start or at any later reconcile (an
+/// error, with nothing changed).
 pub async fn run(client: Client, settings: Settings) -> Result<(), ClusterError> {
     let mut term = signal(SignalKind::terminate()).map_err(ClusterError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ClusterError::Runtime)?;
@@ -99,23 +100,41 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
     let mut synced = false;
+    let mut state = Readiness::default();
     let mut resync = tokio::time::interval(settings.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     resync.tick().await; // the first tick is immediate; the initial list does that pass
 
     loop {
+        let retry_at = state.retry.map(|(at, _)| at);
+        let quiet_at = state.watch_failing;
         let event = tokio::select! {
             e = events.next() => e,
             _ = resync.tick(), if synced => {
-                pass(client, claimed, &nodes, None, settings).await;
+                let ok = pass(client, claimed, &nodes, None).await?;
+                state.passed(ok, true, &settings.health);
+                continue;
+            }
+            // A failed reconcile is tried again (all of it) after a jittered
+            // backoff, not left until the resync.
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)), if synced && retry_at.is_some() => {
+                let ok = pass(client, claimed, &nodes, None).await?;
+                state.passed(ok, true, &settings.health);
+                continue;
+            }
+            // No watch error for a while: the watch is taken as working again.
+            _ = tokio::time::sleep_until(quiet_at.unwrap_or_else(tokio::time::Instant::now)), if quiet_at.is_some() => {
+                state.watch_works(&settings.health);
                 continue;
             }
         };
         let event = match event {
             Some(Ok(e)) => e,
-            // The watcher backs off and retries by itself; say why meanwhile.
+            // The watcher backs off and retries by itself; say why meanwhile,
+            // and that the records may be behind.
             Some(Err(e)) => {
                 tracing::warn!("watching Nodes: {}", Chain(&e));
+                state.watch_failed(&settings.health);
                 continue;
             }
             None => {
@@ -125,6 +144,7 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                 })
             }
         };
+        state.watch_works(&settings.health);
         match event {
             Event::Init => listing.clear(),
             Event::InitApply(n) => {
@@ -139,7 +159,8 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                     "Node cache synced ({} Nodes); reconciling every record",
                     nodes.len()
                 );
-                pass(client, claimed, &nodes, None, settings).await;
+                let ok = pass(client, claimed, &nodes, None).await?;
+                state.passed(ok, true, &settings.health);
             }
             Event::Apply(n) => {
                 let Some((name, uid)) = name_uid(&n.metadata) else {
@@ -147,7 +168,8 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                 };
                 let before = nodes.insert(name.clone(), uid.clone());
                 if synced && before.is_some_and(|b| b != uid) {
-                    pass(client, claimed, &nodes, Some(&name), settings).await;
+                    let ok = pass(client, claimed, &nodes, Some(&name)).await?;
+                    state.passed(ok, false, &settings.health);
                 }
             }
             Event::Delete(n) => {
@@ -156,26 +178,82 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                 };
                 nodes.remove(&name);
                 if synced {
-                    pass(client, claimed, &nodes, Some(&name), settings).await;
+                    let ok = pass(client, claimed, &nodes, Some(&name)).await?;
+                    state.passed(ok, false, &settings.health);
                 }
             }
         }
     }
 }
 
+/// How long a watch that failed must go without another error to count as
+/// working again: longer than the longest wait between its retries, so a
+/// watch that keeps failing never looks well in between.
+const WATCH_QUIET: Duration = Duration::from_secs(2 * Backoff::API.cap.as_secs());
+
+/// What readiness is made of: the last reconcile, the watch, and the retry
+/// of a failed reconcile.
+#[derive(Debug, Default)]
+struct Readiness {
+    /// Whether the last full reconcile succeeded and no later one failed.
+    reconciled: bool,
+    /// Set while the watch is failing: when it counts as working again if
+    /// no other error comes.
+    watch_failing: Option<tokio::time::Instant>,
+    /// When to reconcile again after a failure, and how many failed in a row.
+    retry: Option<(tokio::time::Instant, u32)>,
+}
+
+impl Readiness {
+    /// Takes in a reconcile's outcome (`full`: of every record).
+    fn passed(&mut self, ok: bool, full: bool, health: &super::health::Health) {
+        match (ok, full) {
+            (true, true) => {
+                self.reconciled = true;
+                self.retry = None;
+            }
+            (true, false) => {}
+            (false, _) => {
+                self.reconciled = false;
+                let n = self.retry.map_or(0, |(_, n)| n.saturating_add(1));
+                let wait = Backoff::API.delay(n);
+                tracing::info!("reconciling again in {wait:?}");
+                self.retry = Some((tokio::time::Instant::now() + wait, n));
+            }
+        }
+        self.show(health);
+    }
+
+    fn watch_failed(&mut self, health: &super::health::Health) {
+        self.watch_failing = Some(tokio::time::Instant::now() + WATCH_QUIET);
+        self.show(health);
+    }
+
+    fn watch_works(&mut self, health: &super::health::Health) {
+        if self.watch_failing.take().is_some() {
+            tracing::info!("watching Nodes works again");
+            self.show(health);
+        }
+    }
+
+    fn show(&self, health: &super::health::Health) {
+        health.set_ready(self.reconciled && self.watch_failing.is_none());
+    }
+}
+
 /// One reconciliation of every record, or of the one for Node `key`;
-/// failures are logged and mark the observer unready until a later pass
-/// succeeds. A ConfigMap deleted under the observer is created again.
+/// whether it succeeded. Failures are logged. A ConfigMap deleted under the
+/// observer is created again. A ConfigMap it no longer controls is the one
+/// error returned: the observer stops, as a restart would refuse it.
 async fn pass(
     client: &Client,
     claimed: Option<&Claimed>,
     nodes: &Nodes,
     key: Option<&str>,
-    settings: &Settings,
-) {
+) -> Result<bool, ClusterError> {
     let result = match claimed {
         Some(Claimed { cm, owner }) => {
-            let mut result = stale_keys::clean(client, cm, nodes, key).await;
+            let mut result = stale_keys::clean(client, cm, owner, nodes, key).await;
             if let Err(ClusterError::NoConfigMap(_)) = result {
                 tracing::warn!("ConfigMap {cm} is gone; creating it again");
                 result = match claim::ensure(client, cm, owner).await {
@@ -193,19 +271,21 @@ async fn pass(
     };
     match result {
         Ok(out) => {
-            if key.is_none() {
-                settings.health.set_ready(true);
-            }
             tracing::debug!(
                 "reconciled {}: removed {:?}, changed meanwhile {:?}",
                 key.unwrap_or("every key"),
                 out.removed,
                 out.changed
             );
+            Ok(true)
+        }
+        Err(e @ ClusterError::NotOwned { .. }) => {
+            tracing::error!("reconciling {what}: {}; stopping", Chain(&e));
+            Err(e)
         }
         Err(e) => {
-            settings.health.set_ready(false);
             tracing::error!("reconciling {what}: {}", Chain(&e));
+            Ok(false)
         }
     }
 }

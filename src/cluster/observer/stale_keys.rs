@@ -8,6 +8,8 @@
 //! record written after the read (by a reused name's new broker) fails the
 //! test and stays.
 
+use super::claim::Owner;
+use crate::cluster::error::describe;
 use crate::cluster::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{PatchOperation, RemoveOperation, TestOperation};
@@ -85,9 +87,13 @@ pub fn test_and_remove(stale: &Stale) -> json_patch::Patch {
 /// Removes the stale keys of ConfigMap `cm` (namespace filled in): every key,
 /// or only `key`. `nodes` is the watch cache; each candidate is confirmed
 /// against the Node as it is now before its removal.
+/// Removes nothing, with the error a restart would give, once the ConfigMap
+/// is no longer controlled by `owner` (someone replaced it or edited its
+/// ownerReferences).
 pub async fn clean(
     client: &Client,
     cm: &ConfigMapRef,
+    owner: &Owner,
     nodes: &Nodes,
     key: Option<&str>,
 ) -> Result<Outcome, ClusterError> {
@@ -97,6 +103,7 @@ pub async fn clean(
         Some(404) => ClusterError::NoConfigMap(cm.clone()),
         _ => ClusterError::api(format!("GET ConfigMap {cm}"), e),
     })?;
+    super::claim::check(cm, owner, &current)?;
     let data = current.data.unwrap_or_default();
     let mut out = Outcome::default();
     for candidate in stale(&data, nodes, key) {
@@ -137,8 +144,9 @@ pub async fn clean(
             // The test failed: someone wrote a newer record (or removed it) since the read.
             Err(e) if code(&e) == Some(422) => {
                 tracing::info!(
-                    "record {} not removed: the test-and-remove was refused, so it changed since it was read ({e})",
-                    confirmed.key
+                    "record {} not removed: the test-and-remove was refused, so it changed since it was read ({})",
+                    confirmed.key,
+                    describe(&e)
                 );
                 out.changed.push(confirmed.key);
             }

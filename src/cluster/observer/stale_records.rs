@@ -93,8 +93,9 @@ pub async fn list(client: &Client, only: Option<&str>) -> Result<Vec<RecordMeta>
             // during a long list): start over once from a fresh list.
             Err(e) if code(&e) == Some(410) && params.continue_token.is_some() && !restarted => {
                 tracing::info!(
-                    "{}: the list expired mid-way ({e}); listing again from the start",
-                    what()
+                    "{}: the list expired mid-way ({}); listing again from the start",
+                    what(),
+                    crate::cluster::error::describe(&e)
                 );
                 restarted = true;
                 out.clear();
@@ -155,8 +156,9 @@ pub async fn clean(
             // a 404 for the whole resource (the CRD removed) is an error.
             Err(e) if code(&e) == Some(409) || (code(&e) == Some(404) && !no_resource(&e)) => {
                 tracing::info!(
-                    "NodeRailRecord {} not deleted: it changed or went since it was read ({e})",
-                    record.name
+                    "NodeRailRecord {} not deleted: it changed or went since it was read ({})",
+                    record.name,
+                    crate::cluster::error::describe(&e)
                 );
                 out.changed.push(record.name);
             }
