@@ -354,12 +354,12 @@ pub async fn record_holds(
     node: &str,
     want: Option<&RailRecord>,
 ) -> Result<bool, ClusterError> {
-    let api = record::records_untyped(client);
+    let api = node_rail_record::records_untyped(client);
     let current = match api.get(node).await {
         Ok(o) => Some(o),
-        Err(e) if code(&e) == Some(404) && !record::no_resource(&e) => None,
+        Err(e) if code(&e) == Some(404) && !node_rail_record::no_resource(&e) => None,
         Err(e) => {
-            return Err(record::record_error(
+            return Err(node_rail_record::record_error(
                 format!("GET NodeRailRecord {node}"),
                 "`get` on noderailrecords",
                 e,
@@ -371,7 +371,7 @@ pub async fn record_holds(
         (Some(c), Some(w)) => (c, w),
         _ => return Ok(false),
     };
-    let wanted = record::object(node, want);
+    let wanted = node_rail_record::object(node, want);
     let labels = current.metadata.labels.unwrap_or_default();
     let labels_held = wanted["metadata"]["labels"]
         .as_object()
