@@ -612,7 +612,7 @@ fn out_of_range_replay_caps_are_usage_errors_naming_the_flag() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
         help.contains("--replay-max-entries")
-            && help.contains("100000")
+            && help.contains("1000000")
             && help.contains("--replay-max-bytes")
             && help.contains("256MiB"),
         "{help}"
@@ -874,4 +874,41 @@ fn a_capture_cut_at_an_entry_boundary_replays_silently_as_another_node() {
             whole.len()
         );
     }
+}
+
+#[test]
+fn the_tools_own_capture_of_a_10k_interface_node_exceeds_its_default_replay_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::large(&root, 10_000));
+    let archive = tmp.path().join("node.tar.gz");
+    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let entries = members(&archive).len();
+    let bytes: u64 = {
+        let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
+        tar::Archive::new(gz)
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().size())
+            .sum()
+    };
+    eprintln!("10k interfaces: {entries} entries, {bytes} bytes");
+    // The defaults replay it, with the room a larger node needs besides.
+    let scratch_tmp = tmp.path().join("tmp");
+    fs::create_dir(&scratch_tmp).unwrap();
+    let at = replay(&archive, &scratch_tmp, &["inventory"])
+        .output()
+        .unwrap();
+    assert!(
+        at.status.success(),
+        "{entries} entries, {bytes} bytes: {}",
+        String::from_utf8_lossy(&at.stderr)
+    );
+    assert_eq!(at.stdout, nodefabric(&root, &["inventory"]).stdout);
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("--replay-max"),
+        "a capture the defaults replay warned: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
