@@ -32,6 +32,17 @@ pub const TOP: &str = "sysfs";
 /// ([`crate::rails::answers`]), beside the tree.
 pub const VENDOR: &str = "vendor";
 
+/// A packed capture, with what a replay's caps count.
+#[derive(Debug)]
+pub struct Packed {
+    /// The gzip-compressed tar bytes.
+    pub bytes: Vec<u8>,
+    /// Its entries, as `--replay-max-entries` counts them.
+    pub entries: u64,
+    /// Its entries' sizes added up, as `--replay-max-bytes` counts them.
+    pub unpacked: u64,
+}
+
 /// Packs the recorded entries, the vendor answers the pass used and its
 /// rail answers into gzip-compressed tar bytes. Entries are sorted with their parent folders
 /// first, and every header carries fixed owner, mode and time, so the same
@@ -40,7 +51,7 @@ pub fn pack(
     recorded: &Recorded,
     answers: &crate::fabric::answers::Answers,
     rails: &crate::rails::RailAnswers,
-) -> Result<Vec<u8>, PackError> {
+) -> Result<Packed, PackError> {
     // Every ancestor of an entry must exist as a folder on replay.
     let mut dirs: BTreeSet<String> = BTreeSet::new();
     for (path, entry) in recorded {
@@ -54,8 +65,11 @@ pub fn pack(
         }
     }
     let mut tar = tar::Builder::new(GzEncoder::new(Vec::new(), Compression::default()));
+    let (mut entries, mut unpacked) = (0u64, 0u64);
     tar.mode(tar::HeaderMode::Deterministic);
-    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+    let mut header = |kind: tar::EntryType, mode: u32, size: u64| {
+        entries += 1;
+        unpacked += size;
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);
         h.set_mode(mode);
@@ -115,7 +129,12 @@ pub fn pack(
             .map_err(failed(&name))?;
     }
     let gz = tar.into_inner().map_err(PackError::Finish)?;
-    gz.finish().map_err(PackError::Finish)
+    let bytes = gz.finish().map_err(PackError::Finish)?;
+    Ok(Packed {
+        bytes,
+        entries,
+        unpacked,
+    })
 }
 
 /// The target a link is archived with: its own text when it stays inside the

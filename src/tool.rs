@@ -3,6 +3,7 @@
 //! unreadable answer naming the command, never a hung pass or an empty one.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -161,6 +162,9 @@ pub fn output_if_installed(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so a timeout can kill what it forked too:
+        // a grandchild left behind would outlive the pass and every retry.
+        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
@@ -197,7 +201,7 @@ pub fn output_if_installed(
         })? {
         Some(status) => status,
         None => {
-            let _ = child.kill();
+            kill_group(&mut child);
             let _ = child.wait();
             return Err(ToolError::Hung { cmd, timeout });
         }
@@ -211,7 +215,12 @@ pub fn output_if_installed(
     };
     let stdout = match out.recv_timeout(left()) {
         Ok(stdout) => stdout,
-        Err(_) => return Err(ToolError::OutputOpen { cmd, timeout }),
+        Err(_) => {
+            // What holds the pipe is something the tool forked, still in its
+            // group though the tool itself is gone and reaped.
+            kill_group(&mut child);
+            return Err(ToolError::OutputOpen { cmd, timeout });
+        }
     };
     let (stderr, total) = err.recv_timeout(left()).unwrap_or_default();
     if !status.success() {
@@ -258,6 +267,19 @@ fn drain_head(
     rx
 }
 
+/// Kills the tool's whole process group (it leads one, see the spawn), so
+/// nothing it forked is orphaned; the leader itself is killed as well in
+/// case the group is already gone, and is left for the caller to reap.
+fn kill_group(child: &mut std::process::Child) {
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: killpg only sends a signal; the group is the one the child
+        // leads, whose id cannot be reused while the child is unreaped or any
+        // member of the group lives.
+        unsafe { libc::killpg(pgid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +293,56 @@ mod tests {
             e.contains("did not answer within") && e.contains("sleep 30"),
             "{e}"
         );
+    }
+
+    /// Whether `pid` is gone: no such process, or a zombie nobody reaped yet
+    /// (a container's init may be slow to reap what it inherits).
+    fn gone(pid: i32) -> bool {
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            return true;
+        }
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    }
+
+    #[test]
+    fn a_timed_out_tools_grandchildren_are_orphaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("fake-tool");
+        let pidfile = dir.path().join("grandchild.pid");
+        std::fs::write(&tool, "#!/bin/sh\nsleep 300 &\necho $! > \"$1\"\nwait\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = output(
+            &tool,
+            &[pidfile.to_str().unwrap()],
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ToolError::Hung { .. }), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !gone(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let alive = !gone(pid);
+        if alive {
+            // SAFETY: the test's own grandchild, so it does not outlive the test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(!alive, "grandchild {pid} outlived the timed-out tool");
     }
 
     #[test]

@@ -70,6 +70,13 @@ pub enum ReplayError {
         /// What the reader met.
         source: io::Error,
     },
+    /// The archive stops before its end: the tar end-of-archive marker or
+    /// the end of the gzip stream is missing, as in a copy cut short.
+    #[error("{} is truncated: it ends before its tar end-of-archive marker or its gzip stream's end; capture the node again", archive.display())]
+    Truncated {
+        /// The archive.
+        archive: PathBuf,
+    },
     /// An entry refused for what it is.
     #[error("{}: entry {entry:?} refused: {fault}", archive.display())]
     Refused {

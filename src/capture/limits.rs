@@ -1,13 +1,30 @@
 //! How much a replay may unpack: the caps, their defaults and the parsers of
 //! `--replay-max-entries` and `--replay-max-bytes`.
 
-/// Default for `--replay-max-entries`: a large node's capture holds a few
-/// thousand entries; a hundred thousand leaves room without inviting abuse.
-pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
+/// Default for `--replay-max-entries`: a capture holds about 22 entries per
+/// network interface (its folder, links and attributes, and its PCI
+/// function's), so a 10k-interface node's is about 220,000 entries; a
+/// million replays that with room to spare, while still stopping an archive
+/// that would fill the temp folder's inodes.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 
 /// Default for `--replay-max-bytes`: captures are attributes of a page or
 /// less each, so a real one is a few MiB at most.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * MIB;
+
+/// What a capture of `entries` entries whose sizes add up to `bytes` needs
+/// beyond the default caps, for a warning at capture time: the flags (with
+/// values) its replay must be given, or `None` when the defaults take it.
+pub fn beyond_defaults(entries: u64, bytes: u64) -> Option<String> {
+    let mut flags = Vec::new();
+    if entries > DEFAULT_MAX_ENTRIES {
+        flags.push(format!("--replay-max-entries {entries}"));
+    }
+    if bytes > DEFAULT_MAX_BYTES {
+        flags.push(format!("--replay-max-bytes {}KiB", bytes.div_ceil(KIB)));
+    }
+    (!flags.is_empty()).then(|| flags.join(" "))
+}
 
 /// The most header bytes (long names, pax records) one entry may carry: the
 /// tar reader buffers them whole, so without a bound a tiny archive could
@@ -128,6 +145,26 @@ mod tests {
     }
 
     #[test]
+    fn a_capture_over_the_default_caps_names_the_flags_its_replay_needs() {
+        assert_eq!(
+            beyond_defaults(DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES),
+            None
+        );
+        assert_eq!(
+            beyond_defaults(DEFAULT_MAX_ENTRIES + 1, 10),
+            Some("--replay-max-entries 1000001".into())
+        );
+        let both = beyond_defaults(2_000_000, DEFAULT_MAX_BYTES + 1).unwrap();
+        assert_eq!(
+            both,
+            "--replay-max-entries 2000000 --replay-max-bytes 262145KiB"
+        );
+        // The values it names are ones the flags accept, and they admit it.
+        assert_eq!(parse_max_bytes("262145KiB"), Ok(262_145 * KIB));
+        assert_eq!(parse_max_entries("2000000"), Ok(2_000_000));
+    }
+
+    #[test]
     fn byte_sizes_take_binary_units() {
         assert_eq!(parse_max_bytes("4096"), Ok(4096));
         assert_eq!(parse_max_bytes("2 KiB"), Ok(2048));
@@ -154,7 +191,7 @@ mod tests {
 
     #[test]
     fn zero_and_absurd_entry_counts_are_refused() {
-        assert_eq!(parse_max_entries("100000"), Ok(DEFAULT_MAX_ENTRIES));
+        assert_eq!(parse_max_entries("1000000"), Ok(DEFAULT_MAX_ENTRIES));
         for bad in ["0", "-5", "10000001", "1e5", "many"] {
             assert!(parse_max_entries(bad).is_err(), "{bad:?} accepted");
         }

@@ -87,6 +87,11 @@ struct Meter {
     read: Cell<u64>,
     limit: Cell<u64>,
     tripped: Cell<bool>,
+    /// The stream ended, or the gzip stream was cut short: inside the tar
+    /// archive (before its end marker) either means a truncated archive.
+    ended: Cell<bool>,
+    /// The gzip stream stopped before its own end.
+    cut: Cell<bool>,
 }
 
 impl<R: Read> Read for Metered<R> {
@@ -97,7 +102,14 @@ impl<R: Read> Read for Metered<R> {
             return Err(io::Error::other("entry header over the size bound"));
         }
         let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-        let n = self.inner.read(&mut buf[..want])?;
+        let n = self.inner.read(&mut buf[..want]).inspect_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                self.meter.cut.set(true);
+            }
+        })?;
+        if n == 0 && want > 0 {
+            self.meter.ended.set(true);
+        }
         self.meter.read.set(self.meter.read.get() + n as u64);
         Ok(n)
     }
@@ -130,6 +142,7 @@ pub fn unpack(archive: &Path, limits: &Limits) -> Result<Replay, ReplayError> {
         folder: &folder,
         unpacked: BTreeMap::new(),
         bytes: 0,
+        meter: Rc::new(Meter::default()),
     };
     unpacker.run(file)?;
     unpacker.check_links()?;
@@ -150,6 +163,8 @@ struct Unpacker<'a> {
     unpacked: BTreeMap<PathBuf, Kind>,
     /// Bytes counted against [`Limits::max_bytes`] so far.
     bytes: u64,
+    /// The decompressed stream's meter, shared with the reader.
+    meter: Rc<Meter>,
 }
 
 impl Unpacker<'_> {
@@ -161,15 +176,33 @@ impl Unpacker<'_> {
         }
     }
 
+    /// A stream that failed: truncated when it ran out early, else not a
+    /// capture at all.
     fn not_a_capture(&self, source: io::Error) -> ReplayError {
+        if self.ran_out() {
+            return self.truncated();
+        }
         ReplayError::NotACapture {
             archive: self.archive.to_path_buf(),
             source,
         }
     }
 
+    /// Whether the stream ran out inside the archive. Before any tar byte
+    /// came out (a file too short for a gzip header, say) it was never a
+    /// capture, truncated or not.
+    fn ran_out(&self) -> bool {
+        (self.meter.ended.get() || self.meter.cut.get()) && self.meter.read.get() > 0
+    }
+
+    fn truncated(&self) -> ReplayError {
+        ReplayError::Truncated {
+            archive: self.archive.to_path_buf(),
+        }
+    }
+
     fn run(&mut self, file: fs::File) -> Result<(), ReplayError> {
-        let meter = Rc::new(Meter::default());
+        let meter = self.meter.clone();
         meter.limit.set(MAX_HEADER_BYTES);
         let stream = Metered {
             inner: GzDecoder::new(io::BufReader::new(file)),
@@ -219,6 +252,38 @@ impl Unpacker<'_> {
             self.one(&mut entry, &path, &name)?;
             last = name;
         }
+        self.end(tar.into_inner())
+    }
+
+    /// Checks that the archive really ended rather than stopped: the tar
+    /// reader ends quietly at the end of the stream and at the first zero
+    /// block alike, so a capture cut at an entry boundary would otherwise
+    /// replay as a smaller node. Requires the second zero block of the
+    /// end-of-archive marker, then reads the rest of the gzip stream so its
+    /// length and checksum are checked too.
+    fn end<R: Read>(&self, mut stream: Metered<R>) -> Result<(), ReplayError> {
+        if self.meter.ended.get() {
+            // The stream ran out where a header or the end marker belonged.
+            return Err(self.not_a_capture(io::Error::from(io::ErrorKind::UnexpectedEof)));
+        }
+        // Room for the second zero block and a tar writer's record padding.
+        let meter = &self.meter;
+        meter.limit.set(meter.read.get() + 512 + MAX_HEADER_BYTES);
+        let mut block = [0u8; 512];
+        match stream.read_exact(&mut block) {
+            Ok(()) if block.iter().all(|b| *b == 0) => {}
+            Ok(()) => {
+                return Err(self
+                    .not_a_capture(io::Error::other("a lone zero block inside the tar archive")))
+            }
+            Err(e) => return Err(self.not_a_capture(e)),
+        }
+        io::copy(&mut stream, &mut io::sink()).map_err(|e| match meter.tripped.get() {
+            true => self.not_a_capture(io::Error::other(format!(
+                "more than {MAX_HEADER_BYTES} bytes after the end-of-archive marker"
+            ))),
+            false => self.not_a_capture(e),
+        })?;
         Ok(())
     }
 
@@ -326,11 +391,15 @@ impl Unpacker<'_> {
         entry: &mut tar::Entry<R>,
     ) -> Result<(), ReplayError> {
         let dest = self.folder.path().join(path);
-        let failed = |source| ReplayError::Write {
-            archive: self.archive.to_path_buf(),
-            entry: name.to_string(),
-            path: dest.clone(),
-            source,
+        let failed = |source| match self.ran_out() {
+            // The copy failed reading, not writing: the archive ran out.
+            true => self.truncated(),
+            false => ReplayError::Write {
+                archive: self.archive.to_path_buf(),
+                entry: name.to_string(),
+                path: dest.clone(),
+                source,
+            },
         };
         match kind {
             Kind::Folder => fs::DirBuilder::new()

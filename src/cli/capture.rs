@@ -37,7 +37,15 @@ pub(super) fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
     let rail_inputs = rail_inputs::read(&root, &pass.record, &rail_sources);
     let recorded = root.recorded();
     let answers = recorder.lock().expect("recorder lock").clone();
-    let bytes = crate::capture::pack(&recorded, &answers, &rail_inputs.answers)?;
+    let packed = crate::capture::pack(&recorded, &answers, &rail_inputs.answers)?;
+    // Said before the archive is written, so it is seen with `--out -` too.
+    if let Some(flags) = crate::capture::limits::beyond_defaults(packed.entries, packed.unpacked) {
+        eprintln!(
+            "nodefabric: warning: the capture holds {} entries ({} bytes unpacked), more than a replay takes by default; replay it with {flags}",
+            packed.entries, packed.unpacked
+        );
+    }
+    let bytes = packed.bytes;
     if args.out.as_os_str() == "-" {
         emit(bytes)?;
         return Ok(());

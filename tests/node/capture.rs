@@ -612,7 +612,7 @@ fn out_of_range_replay_caps_are_usage_errors_naming_the_flag() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(
         help.contains("--replay-max-entries")
-            && help.contains("100000")
+            && help.contains("1000000")
             && help.contains("--replay-max-bytes")
             && help.contains("256MiB"),
         "{help}"
@@ -818,5 +818,97 @@ fn a_vendor_answer_file_that_is_not_one_is_refused() {
     assert!(
         err.contains("vendor/fabric.json") && err.contains("surprise"),
         "{err}"
+    );
+}
+
+/// A real capture of the 8-GPU fixture, as bytes.
+fn gpu8_capture() -> Vec<u8> {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::gpu8_switch_paired(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    capture("the tree", &root, &archive);
+    fs::read(&archive).unwrap()
+}
+
+fn gzip(tar: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, tar).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn a_capture_cut_at_an_entry_boundary_replays_silently_as_another_node() {
+    let whole = gpu8_capture();
+    let tar = flate2_decode(&whole);
+    // Where each entry ends in the uncompressed stream (a long name's own
+    // header block comes before its entry's, so ends, not starts, are the
+    // boundaries).
+    let ends: Vec<u64> = tar::Archive::new(tar.as_slice())
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            e.raw_header_position() + 512 + e.size().div_ceil(512) * 512
+        })
+        .collect();
+    assert!(ends.len() > 20, "{} entries", ends.len());
+    // Cut at an entry boundary, then compressed whole: a well-formed gzip of
+    // a tar that simply stops, as a copy cut short by a full disk would be.
+    let cut = usize::try_from(ends[ends.len() / 2]).unwrap();
+    let err = refused(gzip(&tar[..cut]), &[]);
+    assert!(err.contains("truncated"), "{err}");
+    // The end-of-archive marker is two zero blocks, not one.
+    let err = refused(gzip(&[&tar[..cut], &[0u8; 512][..]].concat()), &[]);
+    assert!(err.contains("truncated"), "{err}");
+    // Every entry but without the end marker at all.
+    let end = usize::try_from(*ends.last().unwrap()).unwrap();
+    let err = refused(gzip(&tar[..end]), &[]);
+    assert!(err.contains("truncated"), "{err}");
+    // The compressed stream itself cut short, at several points.
+    for n in [whole.len() - 4, whole.len() - 9, whole.len() * 2 / 3] {
+        let err = refused(whole[..n].to_vec(), &[]);
+        assert!(
+            err.contains("truncated"),
+            "cut at {n} of {}: {err}",
+            whole.len()
+        );
+    }
+}
+
+#[test]
+fn the_tools_own_capture_of_a_10k_interface_node_exceeds_its_default_replay_cap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::large(&root, 10_000));
+    let archive = tmp.path().join("node.tar.gz");
+    let o = nodefabric(&root, &["capture", "--out", archive.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let entries = members(&archive).len();
+    let bytes: u64 = {
+        let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
+        tar::Archive::new(gz)
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().size())
+            .sum()
+    };
+    eprintln!("10k interfaces: {entries} entries, {bytes} bytes");
+    // The defaults replay it, with the room a larger node needs besides.
+    let scratch_tmp = tmp.path().join("tmp");
+    fs::create_dir(&scratch_tmp).unwrap();
+    let at = replay(&archive, &scratch_tmp, &["inventory"])
+        .output()
+        .unwrap();
+    assert!(
+        at.status.success(),
+        "{entries} entries, {bytes} bytes: {}",
+        String::from_utf8_lossy(&at.stderr)
+    );
+    assert_eq!(at.stdout, nodefabric(&root, &["inventory"]).stdout);
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("--replay-max"),
+        "a capture the defaults replay warned: {}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
