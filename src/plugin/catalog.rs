@@ -259,6 +259,7 @@ pub fn endpoints_of(spec: &Spec, path: &Path) -> Vec<Endpoint> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubelet::specs::testing::spec;
 
     #[test]
     fn a_device_breaking_the_annotation_contract_is_advertised_unhealthy_naming_why() {
@@ -283,21 +284,6 @@ mod tests {
                  annotation rdma.gpustack.ai/link is \"Broken\", expected OK, Unverified or Failed"
             )
         );
-    }
-
-    fn spec(names: &[&str], link: &str) -> String {
-        let devices: Vec<String> = names
-            .iter()
-            .map(|n| {
-                format!(
-                    r#"{{"name":"{n}","annotations":{{"rdma.gpustack.ai/rdma-device":"{n}","rdma.gpustack.ai/link":"{link}"}},"containerEdits":{{"deviceNodes":[{{"path":"/dev/infiniband/uverbs0","type":"c","major":231,"minor":192,"permissions":"rw"}}]}}}}"#
-                )
-            })
-            .collect();
-        format!(
-            r#"{{"cdiVersion":"0.6.0","kind":"gpustack.ai/rdma","devices":[{}]}}"#,
-            devices.join(",")
-        )
     }
 
     fn names(c: &Catalog) -> Vec<&str> {

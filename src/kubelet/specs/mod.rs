@@ -188,11 +188,12 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
     }
 }
 
+/// What unit tests of spec readers share: a whole-interface spec text.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(names: &[&str], link: &str) -> String {
+pub(crate) mod testing {
+    /// A `gpustack.ai/rdma` spec whose devices `names` all carry `link`, as
+    /// the publisher writes them (the same verbs node for each).
+    pub(crate) fn spec(names: &[&str], link: &str) -> String {
         let devices: Vec<String> = names
             .iter()
             .map(|n| {
@@ -206,6 +207,12 @@ mod tests {
             devices.join(",")
         )
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::spec;
+    use super::*;
 
     /// The whole-interface family's change: `None` when unchanged, its
     /// device names (none when gone) when changed.
