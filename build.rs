@@ -1,4 +1,4 @@
-//! Generates the kubelet device-plugin and plugin-registration APIs (and
+//! Generates the kubelet device-plugin, plugin-registration and DRA APIs (and
 //! the CRI client the containerd test uses) from `proto/` with a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed, and stamps the commit
 //! into `--version`.
@@ -21,6 +21,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds(protox::compile([registration], ["proto"])?)?;
+    // kubelet's DRA plugin API in both versions kubelet speaks: the DRA
+    // driver serves them on one socket; the tests dial them as kubelet.
+    // Each goes to a folder of its own: DRA v1beta1's package has the same
+    // name as the device-plugin API's ("v1beta1") and its own `Device`.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    for (version, dir) in [("v1", "dra_v1"), ("v1beta1", "dra_v1beta1")] {
+        let dra = format!("proto/dra_{version}.proto");
+        println!("cargo:rerun-if-changed={dra}");
+        std::fs::create_dir_all(out.join(dir))?;
+        tonic_prost_build::configure()
+            .build_client(true)
+            .build_server(true)
+            .out_dir(out.join(dir))
+            .compile_fds(protox::compile([&dra], ["proto"])?)?;
+    }
     // The CRI runtime API, client side only: the containerd end-to-end test
     // talks to containerd as kubelet does. Only that test includes it.
     let cri = "proto/cri_runtime_v1.proto";

@@ -18,6 +18,7 @@ pub mod cdi;
 pub mod cli;
 pub mod cluster;
 pub mod discover;
+pub mod dra;
 pub mod fabric;
 pub mod input;
 pub mod kubelet;
