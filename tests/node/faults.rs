@@ -964,24 +964,74 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     child.wait().unwrap();
 }
 
+/// What `run_measured` hands the re-run test binary: the arguments (one
+/// JSON array), the file-size limit and where to write the verdict.
+const MEASURE_ARGS: &str = "NODEFABRIC_TEST_MEASURE_ARGS";
+const MEASURE_FSIZE: &str = "NODEFABRIC_TEST_MEASURE_FSIZE";
+const MEASURE_OUT: &str = "NODEFABRIC_TEST_MEASURE_OUT";
+
 /// Runs nodefabric with `args` (and `NODEFABRIC_NOW` as `now`) to its end,
 /// its stderr kept, and returns its exit code, stderr and peak RSS in MiB.
-/// The child is reaped by wait4(2), which clippy cannot see.
-#[allow(clippy::zombie_processes)]
+///
+/// The peak comes from a parent with a small address space: at exec the
+/// kernel counts the old address space's peak into the new program's
+/// `ru_maxrss`, and this test binary's own peak is whatever the tests
+/// beside it used (a 10k-interface capture test reaches 255 MiB). So this
+/// binary is re-run as `measured_child_parent` alone, fresh and small, and
+/// that run spawns and measures nodefabric.
 fn run_measured(
     args: &[&str],
     now: &str,
     limit_file_size: Option<u64>,
 ) -> (Option<i32>, String, i64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let verdict = tmp.path().join("verdict");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "faults::measured_child_parent",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(MEASURE_ARGS, serde_json::to_string(args).unwrap())
+    .env(MEASURE_OUT, &verdict)
+    .env("NODEFABRIC_NOW", now)
+    .env_remove("NODEFABRIC_SYSFS_ROOT")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    match limit_file_size {
+        Some(limit) => cmd.env(MEASURE_FSIZE, limit.to_string()),
+        None => cmd.env_remove(MEASURE_FSIZE),
+    };
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let verdict = fs::read_to_string(&verdict)
+        .unwrap_or_else(|e| panic!("the measuring parent wrote no verdict ({e}): {err}"));
+    let (code, rss) = verdict.trim().split_once(' ').unwrap();
+    (code.parse().ok(), err, rss.parse().unwrap())
+}
+
+/// The measuring parent of `run_measured`, run only by it (ignored in a
+/// plain run): spawns nodefabric with the arguments it was handed, passes
+/// its stderr through, and writes "<exit code or -> <peak RSS MiB>".
+/// The child is reaped by wait4(2), which clippy cannot see.
+#[test]
+#[ignore = "run by run_measured as the parent of the nodefabric it measures"]
+#[allow(clippy::zombie_processes)]
+fn measured_child_parent() {
     use std::os::unix::process::CommandExt;
+    let (Ok(args), Ok(out)) = (std::env::var(MEASURE_ARGS), std::env::var(MEASURE_OUT)) else {
+        // Run by hand (`--include-ignored`): there is nothing to measure.
+        eprintln!("run by run_measured, which sets {MEASURE_ARGS} and {MEASURE_OUT}");
+        return;
+    };
+    let args: Vec<String> = serde_json::from_str(&args).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-    // A pipe, not a file: the file-size limit below would cut a file short.
-    cmd.args(args)
-        .env("NODEFABRIC_NOW", now)
-        .env_remove("NODEFABRIC_SYSFS_ROOT")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    if let Some(limit) = limit_file_size {
+    // The parent's stderr is run_measured's pipe; stdout is not wanted.
+    cmd.args(&args).stdout(std::process::Stdio::null());
+    if let Ok(limit) = std::env::var(MEASURE_FSIZE) {
+        let limit: u64 = limit.parse().unwrap();
         // A disk that takes a small file but not a larger one, without root:
         // a write past RLIMIT_FSIZE fails (EFBIG) as one past a full disk
         // does (ENOSPC), and the signal that would kill the writer is ignored.
@@ -1000,22 +1050,19 @@ fn run_measured(
             });
         }
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut pipe = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut pipe, &mut text).unwrap();
-        text
-    });
+    let child = cmd.spawn().unwrap();
     let mut status = 0;
     // SAFETY: a zeroed rusage is a valid out-parameter.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: the pid is our own unreaped child.
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
     assert_eq!(pid, child.id() as i32);
-    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
-    let text = reader.join().unwrap();
-    (code, text, usage.ru_maxrss / 1024)
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status).to_string()
+    } else {
+        "-".to_string()
+    };
+    fs::write(out, format!("{code} {}\n", usage.ru_maxrss / 1024)).unwrap();
 }
 
 #[test]
