@@ -7,12 +7,33 @@
 //!
 //! - [`devices`]: the published specs and rails → the pool's devices, with
 //!   their names, attributes and CDI device IDs (pure).
+//! - [`slices`]: the pool as ResourceSlices (pure).
+//! - [`claims`]: what Prepare answers for one claim (pure).
+//! - [`claim_spec`]: the one small CDI spec a claim gets (`NCCL_IB_HCA`).
+//! - [`checkpoint`]: the prepared claims, kept across restarts.
+//! - [`publish`]: the API side of the slices: no write when nothing changed.
+//! - [`service`]: Prepare and Unprepare, in `v1` and `v1beta1`.
+//! - [`registration`]: what kubelet's plugin watcher asks.
+//! - [`rails_file`]: the rail record, for the `rail` attribute.
+//! - [`metrics`]: probes and metrics.
+//! - [`server`]: the loop that composes them; [`cli`]: the command line.
 //! - [`api`]: kubelet's DRA gRPC API, `v1` and `v1beta1`.
 //!
-//! The kubelet side (sockets, registration, the spec watch) is the shared
-//! runtime in [`crate::kubelet`].
+//! The kubelet side (sockets, the authority front, the spec watch) is the
+//! shared runtime in [`crate::kubelet`].
 pub mod api;
+pub mod checkpoint;
+pub mod claim_spec;
+pub mod claims;
+pub mod cli;
 pub mod devices;
+pub mod metrics;
+pub mod publish;
+pub mod rails_file;
+pub mod registration;
+pub mod server;
+pub mod service;
+pub mod slices;
 
 /// The driver's default name: the DRA driver name, the registration name
 /// and the domain of its device attributes.

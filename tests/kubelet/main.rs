@@ -8,6 +8,7 @@
 mod support;
 
 mod containerd;
+mod dra;
 mod plugin;
 mod podman;
 mod registration;

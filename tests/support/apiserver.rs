@@ -14,6 +14,7 @@
 //!   together at most 1 MiB (422 with cause FieldValueTooLong); a no-op
 //!   patch keeps the resourceVersion.
 //! - Deployments: GET.
+//! - `resource.k8s.io/v1` ResourceSlices and ResourceClaims: see [`dra`].
 //! - `Accept: …;as=PartialObjectMetadata[List]` answers metadata only.
 //! - Every error is a `Status` object with the real reason and code.
 //!
@@ -38,6 +39,9 @@ use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+#[path = "apiserver_dra.rs"]
+pub mod dra;
 
 /// The administrator's token: every request allowed.
 pub const TOKEN: &str = "nodefabric-test-token";
@@ -109,6 +113,8 @@ pub struct State {
     /// the label keys each manager's apply set (server-side apply's field
     /// ownership, at the granularity nodefabric's objects need).
     owners: BTreeMap<String, Ownership>,
+    /// Device attributes created ResourceSlices lose (a feature gate off).
+    dropped_device_fields: Vec<String>,
 }
 
 /// Who owns which fields of one custom object.
@@ -620,7 +626,8 @@ fn attributes(
         ("POST", _) => "create",
         ("PATCH", _) => "patch",
         ("PUT", _) => "update",
-        ("DELETE", _) => "delete",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
         _ => "unknown",
     };
     Some(match seg {
@@ -917,6 +924,7 @@ fn route(
         (_, ["apis", "nodefabric.gpustack.ai", ..]) => {
             (404, Value::String("404 page not found\n".into()))
         }
+        (m, ["apis", "resource.k8s.io", "v1", rest @ ..]) => dra::route(s, m, rest, query, body),
         (m, _) if !["GET", "POST", "PATCH"].contains(&m) => status(
             405,
             "MethodNotAllowed",

@@ -9,6 +9,7 @@ pub mod apiserver;
 pub mod apiserver_rbac;
 pub mod archive;
 pub mod cluster;
+pub mod dra;
 pub mod fixtures;
 pub mod grpcgo;
 pub mod host;

@@ -1,0 +1,198 @@
+//! The `nodefabric-dra` command line. Kept in the library so the deploy
+//! tests can parse manifests' container args with the real parser.
+
+use super::server::{self, Config};
+use crate::cli::cluster_args::parse_node_name;
+use crate::kubelet::signals;
+use crate::names::{duration_in, parse_namespace, DurationError};
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::error;
+
+/// Serves the RDMA endpoints `nodefabric publish` describes in its CDI specs
+/// as Dynamic Resource Allocation devices (`resource.k8s.io/v1`), so one
+/// ResourceClaim can ask for a GPU and the NIC on its PCIe root.
+///
+/// It publishes this node's ResourceSlices (one device per CDI device, with
+/// `resource.kubernetes.io/pcieRoot`, `pciBusID`, the link verdict, NUMA
+/// node and rail as attributes), registers with kubelet, and prepares
+/// allocated claims to the publisher's CDI device IDs plus one small spec
+/// per claim that sets `NCCL_IB_HCA`. It reads nothing of the host but
+/// those files. API access: `KUBECONFIG`, else the in-cluster service
+/// account.
+///
+/// Every flag can also be set from the environment variable shown beside it
+/// (a flag on the command line wins), as a DaemonSet usually does.
+#[derive(Debug, Parser)]
+#[command(name = "nodefabric-dra", version = crate::VERSION)]
+pub struct DraCli {
+    /// This node's name (the Node object's, from the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME", value_parser = parse_node_name)]
+    pub node_name: String,
+
+    /// kubelet's root folder: the driver serves
+    /// `<DIR>/plugins_registry/<driver>-reg.sock` and
+    /// `<DIR>/plugins/<driver>/dra.sock`.
+    #[arg(
+        long,
+        env = "NODEFABRIC_KUBELET_ROOT_DIR",
+        default_value = "/var/lib/kubelet",
+        value_name = "DIR"
+    )]
+    pub kubelet_root_dir: PathBuf,
+
+    /// Where `nodefabric publish` writes its CDI specs; the driver adds one
+    /// small spec per prepared claim there.
+    #[arg(
+        long,
+        env = "NODEFABRIC_CDI_DIR",
+        default_value = "/var/run/cdi",
+        value_name = "DIR"
+    )]
+    pub cdi_dir: PathBuf,
+
+    /// Where the prepared claims are checkpointed (keep it across restarts).
+    #[arg(
+        long,
+        env = "NODEFABRIC_STATE_DIR",
+        default_value = "/var/lib/nodefabric/dra",
+        value_name = "DIR"
+    )]
+    pub state_dir: PathBuf,
+
+    /// How often the ResourceSlices are checked against the pool when
+    /// nothing changed (1s to 24h); this also restores slices deleted on
+    /// the server.
+    #[arg(
+        long,
+        env = "NODEFABRIC_INTERVAL",
+        default_value = "30s",
+        value_name = "DURATION",
+        value_parser = parse_interval
+    )]
+    pub interval: Duration,
+
+    /// The driver name: the DRA driver, its sockets and the domain of its
+    /// device attributes (a DNS subdomain).
+    #[arg(
+        long,
+        env = "NODEFABRIC_DRIVER_NAME",
+        default_value = super::DEFAULT_DRIVER,
+        value_name = "NAME",
+        value_parser = parse_namespace
+    )]
+    pub driver_name: String,
+
+    /// The rail record `nodefabric publish --rails-file` writes; each
+    /// device on exactly one rail gets the `rail` attribute.
+    #[arg(long, env = "NODEFABRIC_RAILS_FILE", value_name = "FILE")]
+    pub rails_file: Option<PathBuf>,
+
+    /// How often files and sockets are re-checked when no file event
+    /// arrives (10ms to 24h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_POLL_INTERVAL",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_poll_interval
+    )]
+    pub poll_interval: Duration,
+
+    /// Spec files larger than this many bytes are refused, and that family
+    /// keeps the devices it had.
+    #[arg(
+        long,
+        env = "NODEFABRIC_MAX_SPEC_BYTES",
+        default_value_t = crate::kubelet::specs::DEFAULT_MAX_BYTES,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub max_spec_bytes: u64,
+
+    /// Bounds each API request, the client's setup included (1s to 10m).
+    #[arg(
+        long,
+        env = "NODEFABRIC_API_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_api_timeout
+    )]
+    pub api_timeout: Duration,
+
+    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address,
+    /// e.g. 0.0.0.0:8082; none when unset.
+    #[arg(long, env = "NODEFABRIC_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Log filter for stderr: error, warn, info, debug or trace.
+    #[arg(
+        long,
+        env = "NODEFABRIC_LOG_LEVEL",
+        default_value = "info",
+        value_name = "LEVEL"
+    )]
+    pub log_level: tracing::Level,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+fn parse_poll_interval(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
+}
+
+fn parse_api_timeout(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(600))
+}
+
+impl DraCli {
+    /// The server configuration this command line asks for.
+    pub fn config(&self) -> Config {
+        Config {
+            node_name: self.node_name.clone(),
+            driver: self.driver_name.clone(),
+            kubelet_root: self.kubelet_root_dir.clone(),
+            cdi_dir: self.cdi_dir.clone(),
+            state_dir: self.state_dir.clone(),
+            rails_file: self.rails_file.clone(),
+            interval: self.interval,
+            poll_interval: self.poll_interval,
+            max_spec_bytes: self.max_spec_bytes,
+            api_timeout: self.api_timeout,
+            metrics_addr: self.metrics_addr,
+        }
+    }
+}
+
+/// Parses `std::env::args` and runs until SIGTERM or SIGINT.
+pub fn main() -> ExitCode {
+    let cli = DraCli::parse();
+    crate::logging::init(cli.log_level);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome: anyhow::Result<()> = runtime.block_on(async {
+        let shutdown = signals::shutdown()?;
+        server::run(cli.config(), shutdown).await?;
+        Ok(())
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The rail record `nodefabric publish --rails-file` writes, read by the
+//! driver for the `rail` attribute: re-read only when its file changed, and
+//! the last good record kept while the file cannot be read (a rail that
+//! flickers with a half-written file would move devices between claims'
+//! selectors).
+
+use crate::rails::RailRecord;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+/// A rail record larger than this is refused: a node's rails fit in far less.
+pub const MAX_BYTES: u64 = 4 << 20;
+
+/// One rail-record file and what was last read from it.
+#[derive(Debug)]
+pub struct RailsFile {
+    path: PathBuf,
+    /// (device, inode, size, mtime in ns) at the last read.
+    seen: Option<(u64, u64, u64, i128)>,
+    record: Option<RailRecord>,
+    error: Option<String>,
+}
+
+impl RailsFile {
+    /// The rail record at `path`, not read yet.
+    pub fn new(path: PathBuf) -> RailsFile {
+        RailsFile {
+            path,
+            seen: None,
+            record: None,
+            error: None,
+        }
+    }
+
+    /// Re-reads the file if it changed since the last look. A missing file
+    /// means no rails (the publisher found none or has not run yet).
+    /// Blocking: call it off the async runtime.
+    pub fn look(&mut self) {
+        let meta = match std::fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.seen = None;
+                self.record = None;
+                self.error = None;
+                return;
+            }
+            Err(e) => {
+                self.error = Some(format!("{}: {e}", self.path.display()));
+                return;
+            }
+        };
+        let stamp = (
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        );
+        if self.seen == Some(stamp) {
+            return;
+        }
+        let read = crate::input::read_bytes(
+            &self.path,
+            MAX_BYTES,
+            "the rail record",
+            crate::input::Pipes::Refuse,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            serde_json::from_slice::<RailRecord>(&bytes)
+                .map_err(|e| format!("{}: not a rail record: {e}", self.path.display()))
+        });
+        self.seen = Some(stamp);
+        match read {
+            Ok(record) => {
+                self.record = Some(record);
+                self.error = None;
+            }
+            // The last good record stays.
+            Err(e) => self.error = Some(format!("{e}; keeping the rails last read")),
+        }
+    }
+
+    /// The last good record, if any.
+    pub fn record(&self) -> Option<&RailRecord> {
+        self.record.as_ref()
+    }
+
+    /// Why the file could not be read at the last look.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_rail_record_keeps_the_last_good_one_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rails.json");
+        let mut f = RailsFile::new(path.clone());
+        f.look();
+        assert!(f.record().is_none() && f.error().is_none());
+        let good = serde_json::json!({
+            "version": crate::rails::RAIL_RECORD_FORMAT, "nodeUID": "", "railSource": "host-lldp",
+            "nics": {"0000:3b:00.0": ["rail0"]}, "gpus": []
+        });
+        std::fs::write(&path, serde_json::to_vec(&good).unwrap()).unwrap();
+        f.look();
+        assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);
+        std::fs::write(&path, b"{\"version\": ").unwrap();
+        f.look();
+        assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);
+        assert!(f.error().unwrap().contains("rails.json"), "{:?}", f.error());
+    }
+}

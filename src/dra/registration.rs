@@ -1,0 +1,72 @@
+//! The registration socket's service: kubelet's plugin watcher finds the
+//! socket in `plugins_registry/`, asks what it is (GetInfo) and says whether
+//! it took it (NotifyRegistrationStatus). A refusal is logged and the
+//! driver keeps serving: kubelet asks again when it restarts.
+
+use crate::kubelet::registration_api::{
+    registration_server::Registration, InfoRequest, PluginInfo, RegistrationStatus,
+    RegistrationStatusResponse,
+};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// The plugin type kubelet's DRA handler takes.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+
+/// The DRA service versions served, the newest first: kubelet takes the
+/// first it knows.
+pub const VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+
+/// kubelet's verdict on a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// kubelet registered the driver.
+    Registered,
+    /// kubelet refused, saying why.
+    Refused(String),
+}
+
+/// The Registration service of one driver.
+pub struct Registrar {
+    /// The driver name.
+    pub name: String,
+    /// The DRA service socket's full path.
+    pub endpoint: String,
+    /// Where verdicts go (the loop).
+    pub verdicts: mpsc::UnboundedSender<Verdict>,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(
+        &self,
+        _: tonic::Request<InfoRequest>,
+    ) -> Result<tonic::Response<PluginInfo>, tonic::Status> {
+        Ok(tonic::Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.to_string(),
+            name: self.name.clone(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: tonic::Request<RegistrationStatus>,
+    ) -> Result<tonic::Response<RegistrationStatusResponse>, tonic::Status> {
+        let status = request.into_inner();
+        let verdict = if status.plugin_registered {
+            info!(driver = self.name, "kubelet registered the driver");
+            Verdict::Registered
+        } else {
+            warn!(
+                driver = self.name,
+                "kubelet refused the registration: {}; serving on until it asks again",
+                status.error
+            );
+            Verdict::Refused(status.error)
+        };
+        let _ = self.verdicts.send(verdict);
+        Ok(tonic::Response::new(RegistrationStatusResponse {}))
+    }
+}

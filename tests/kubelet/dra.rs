@@ -1,0 +1,450 @@
+//! The DRA driver as kubelet and the API server meet it: the real
+//! `nodefabric-dra` binary on a kubelet root folder, registered the way
+//! kubelet's plugin watcher dials (grpc-go's escaped socket path as
+//! `:authority`), publishing ResourceSlices to the API stand-in and
+//! preparing claims over real gRPC on its Unix socket.
+
+use crate::support::apiserver::Logged;
+use crate::support::cluster::Cluster;
+use crate::support::dra::{place, Driver, Place, DRIVER};
+use crate::support::fixtures;
+use crate::support::grpcgo::{Answer, GoConn};
+use crate::support::kubelet::within;
+use crate::support::published::{publish, Dirs};
+use nodefabric::dra::api::{v1, v1beta1};
+use nodefabric::kubelet::registration_api::{InfoRequest, PluginInfo, RegistrationStatus};
+use prost::Message;
+use serde_json::Value;
+use std::path::Path;
+
+const NODE: &str = "node-a";
+const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
+const NOTIFY: &str = "/pluginregistration.Registration/NotifyRegistrationStatus";
+
+/// The API stand-in with Node `node-a`, the 8-GPU fixture published, and
+/// the driver's place.
+struct Setup {
+    cluster: Cluster,
+    dirs: Dirs,
+    place: Place,
+    _tmp: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(tmp.path());
+    cluster.api.add_node(NODE);
+    let dirs = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let place = place(tmp.path(), &dirs.cdi(), &cluster.kubeconfig, NODE);
+    Setup {
+        cluster,
+        dirs,
+        place,
+        _tmp: tmp,
+    }
+}
+
+/// The CDI devices the publisher wrote, as `kind=name`.
+fn published_cdi_ids(cdi: &Path) -> Vec<String> {
+    let mut ids = Vec::new();
+    for file in ["nodefabric-rdma.json", "nodefabric-rdma-vf.json"] {
+        let Ok(text) = std::fs::read_to_string(cdi.join(file)) else {
+            continue;
+        };
+        let spec: Value = serde_json::from_str(&text).unwrap();
+        for d in spec["devices"].as_array().unwrap() {
+            ids.push(format!(
+                "{}={}",
+                spec["kind"].as_str().unwrap(),
+                d["name"].as_str().unwrap()
+            ));
+        }
+    }
+    ids
+}
+
+fn slices(c: &Cluster) -> Vec<Value> {
+    c.api.with(|s| s.resource_slices())
+}
+
+fn slice_writes(log: &[Logged]) -> Vec<&Logged> {
+    log.iter()
+        .filter(|l| l.path.contains("/resourceslices") && l.method != "GET")
+        .collect()
+}
+
+/// Registers as kubelet does: GetInfo twice on one connection (the second
+/// sends the authority as a table index), then the verdict.
+async fn register(p: &Place) -> PluginInfo {
+    let mut conn = within("the registration socket", async {
+        loop {
+            if let Ok(c) = GoConn::dial(&p.registration()).await {
+                break c;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(conn.authority().starts_with("%2F"), "{}", conn.authority());
+    let mut info = None;
+    for _ in 0..2 {
+        match conn
+            .call(GET_INFO, &InfoRequest {}.encode_to_vec())
+            .await
+            .unwrap()
+        {
+            Answer::Done { status, message } => {
+                assert_eq!(status, "0");
+                info = Some(PluginInfo::decode(message.as_slice()).unwrap());
+            }
+            other => panic!("GetInfo was not answered: {other:?}"),
+        }
+    }
+    let verdict = RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    };
+    match conn.call(NOTIFY, &verdict.encode_to_vec()).await.unwrap() {
+        Answer::Done { status, .. } => assert_eq!(status, "0"),
+        other => panic!("NotifyRegistrationStatus was not answered: {other:?}"),
+    }
+    info.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without_churn() {
+    let s = setup();
+    let driver = Driver::start(&s.place, &["--interval", "1s"]);
+    let info = register(&s.place).await;
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(info.endpoint, s.place.service().display().to_string());
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+
+    let cdi_ids = published_cdi_ids(&s.dirs.cdi());
+    driver.wait_for("the slices", || {
+        slices(&s.cluster)
+            .iter()
+            .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum::<usize>()
+            == cdi_ids.len()
+    });
+    let published = slices(&s.cluster);
+    assert_eq!(published.len(), 1);
+    let slice = &published[0];
+    assert_eq!(slice["spec"]["driver"], DRIVER);
+    assert_eq!(slice["spec"]["nodeName"], NODE);
+    assert_eq!(slice["spec"]["pool"]["name"], NODE);
+    assert_eq!(slice["spec"]["pool"]["resourceSliceCount"], 1);
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
+    for d in slice["spec"]["devices"].as_array().unwrap() {
+        let name = d["name"].as_str().unwrap();
+        assert!(name.starts_with("pci-"), "{name}");
+        let a = &d["attributes"];
+        assert!(a["resource.kubernetes.io/pcieRoot"]["string"]
+            .as_str()
+            .unwrap()
+            .starts_with("pci0000:"));
+        assert!(a["resource.kubernetes.io/pciBusID"]["string"].is_string());
+        assert!(a["rdmaDevice"]["string"]
+            .as_str()
+            .unwrap()
+            .starts_with("mlx5_"));
+        assert_eq!(a["linkState"]["string"], "OK");
+        assert_eq!(a["virtualFunction"]["bool"], false);
+    }
+
+    // Three intervals later: no write at all.
+    let writes = slice_writes(&s.cluster.api.log()).len();
+    std::thread::sleep(std::time::Duration::from_millis(3200));
+    let log = s.cluster.api.log();
+    assert_eq!(
+        slice_writes(&log).len(),
+        writes,
+        "{:#?}",
+        slice_writes(&log)
+    );
+    assert!(
+        log.iter()
+            .filter(|l| l.path.ends_with("/resourceslices") && l.method == "GET")
+            .all(|l| l
+                .query
+                .contains("fieldSelector=spec.nodeName%3Dnode-a%2Cspec.driver%3Drdma.gpustack.ai")
+                || l.query
+                    .contains("fieldSelector=spec.nodeName=node-a,spec.driver=rdma.gpustack.ai")),
+        "{:#?}",
+        log.iter()
+            .filter(|l| l.path.ends_with("/resourceslices"))
+            .collect::<Vec<_>>()
+    );
+
+    // kubelet's wipe: restored within an interval, at a later generation.
+    let generation = slice["spec"]["pool"]["generation"].as_i64().unwrap();
+    wipe(&s.cluster).await;
+    driver.wait_for("the slices restored", || slices(&s.cluster).len() == 1);
+    let restored = slices(&s.cluster);
+    assert!(restored[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
+}
+
+/// Deletes every ResourceSlice of the node as kubelet does when it starts:
+/// one DELETE of the collection with a field selector.
+async fn wipe(c: &Cluster) {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use kube::api::{DeleteParams, ListParams};
+    let kubeconfig = kube::config::Kubeconfig::read_from(&c.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let api: kube::Api<ResourceSlice> = kube::Api::all(kube::Client::try_from(config).unwrap());
+    let selector = format!("spec.nodeName={NODE},spec.driver={DRIVER}");
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().fields(&selector),
+    )
+    .await
+    .unwrap();
+    assert!(slices(c).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_change_creates_the_new_generation_before_deleting_the_old() {
+    let s = setup();
+    let driver = Driver::start(&s.place, &["--interval", "1h"]);
+    driver.wait_for("the first slices", || slices(&s.cluster).len() == 1);
+    let old_uid = slices(&s.cluster)[0]["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let old_generation = slices(&s.cluster)[0]["spec"]["pool"]["generation"]
+        .as_i64()
+        .unwrap();
+    let before = s.cluster.api.log().len();
+
+    // The publisher now sees a node with VFs: its specs change.
+    let vf = s.dirs.tree("vf");
+    fixtures::vf_only(&vf);
+    publish(&vf, &s.dirs.cdi());
+    driver.wait_for("the new generation", || {
+        let now = slices(&s.cluster);
+        now.len() == 1 && now[0]["metadata"]["uid"] != old_uid.as_str()
+    });
+    let now = slices(&s.cluster);
+    assert_eq!(
+        now[0]["spec"]["pool"]["generation"].as_i64().unwrap(),
+        old_generation + 1
+    );
+    let vfs = now[0]["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["attributes"]["virtualFunction"]["bool"] == true)
+        .count();
+    assert!(vfs > 0, "{:#}", now[0]);
+    let log = s.cluster.api.log();
+    let writes: Vec<(&str, u16)> = log[before..]
+        .iter()
+        .filter(|l| l.path.contains("/resourceslices") && l.method != "GET")
+        .map(|l| (l.method.as_str(), l.status))
+        .collect();
+    assert_eq!(
+        writes,
+        [("POST", 201), ("DELETE", 200)],
+        "create first, then delete"
+    );
+    let delete = log[before..].iter().find(|l| l.method == "DELETE").unwrap();
+    assert!(
+        delete.body.contains(&old_uid),
+        "the delete names the old UID: {}",
+        delete.body
+    );
+}
+
+fn prepare_request(claims: &[(&str, &str, &str)]) -> v1::NodePrepareResourcesRequest {
+    v1::NodePrepareResourcesRequest {
+        claims: claims
+            .iter()
+            .map(|(ns, name, uid)| v1::Claim {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                uid: uid.to_string(),
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares() {
+    let s = setup();
+    let driver = Driver::start(&s.place, &["--interval", "1h"]);
+    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    let devices: Vec<Value> = slices(&s.cluster)[0]["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let (first, second) = (
+        devices[0]["name"].as_str().unwrap().to_string(),
+        devices[1]["name"].as_str().unwrap().to_string(),
+    );
+    let rdma = |d: &Value| {
+        d["attributes"]["rdmaDevice"]["string"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (good, gone, _replaced) = s.cluster.api.with(|st| {
+        (
+            st.put_claim(
+                "team",
+                "two-nics",
+                &[
+                    ("gpu.nvidia.com", NODE, "gpu-0", "gpu"),
+                    (DRIVER, NODE, &first, "nic"),
+                    (DRIVER, NODE, &second, "nic"),
+                ],
+            ),
+            st.put_claim("team", "gone", &[(DRIVER, NODE, "pci-0000-ff-00-0", "nic")]),
+            st.put_claim("team", "replaced", &[(DRIVER, NODE, &first, "nic")]),
+        )
+    });
+    let request = prepare_request(&[
+        ("team", "two-nics", &good),
+        ("team", "gone", &gone),
+        ("team", "replaced", "an-older-uid"),
+        ("team", "missing", "uid-of-nothing"),
+    ]);
+    let answer = driver
+        .v1()
+        .await
+        .node_prepare_resources(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let ok = &answer.claims[&good];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices.len(), 2);
+    let claim_id = format!("gpustack.ai/rdma-claim={good}");
+    let all_ids: Vec<&String> = ok.devices.iter().flat_map(|d| &d.cdi_device_ids).collect();
+    assert_eq!(
+        all_ids.iter().filter(|i| ***i == claim_id).count(),
+        1,
+        "{all_ids:?}"
+    );
+    let cdi_ids = published_cdi_ids(&s.dirs.cdi());
+    for d in &ok.devices {
+        assert_eq!(d.pool_name, NODE);
+        assert_eq!(d.request_names, ["nic"]);
+        assert!(
+            cdi_ids.contains(&d.cdi_device_ids[0]),
+            "{:?}",
+            d.cdi_device_ids
+        );
+    }
+    let spec_file = s.dirs.cdi().join(format!("nodefabric-claim-{good}.json"));
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["env"][0],
+        format!("NCCL_IB_HCA=={},{}", rdma(&devices[0]), rdma(&devices[1]))
+    );
+    assert!(
+        answer.claims[&gone].error.contains("team/gone"),
+        "{}",
+        answer.claims[&gone].error
+    );
+    assert!(answer.claims[&gone].error.contains("pci-0000-ff-00-0"));
+    assert!(answer.claims["an-older-uid"]
+        .error
+        .contains("team/replaced"));
+    assert!(answer.claims["uid-of-nothing"]
+        .error
+        .contains("team/missing"));
+
+    // The same Prepare again: the same answer, from the checkpoint.
+    let gets = |log: &[Logged]| {
+        log.iter()
+            .filter(|l| l.path.ends_with("/resourceclaims/two-nics"))
+            .count()
+    };
+    let before = gets(&s.cluster.api.log());
+    let again = driver
+        .v1()
+        .await
+        .node_prepare_resources(prepare_request(&[("team", "two-nics", &good)]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.claims[&good], *ok);
+    assert_eq!(
+        gets(&s.cluster.api.log()),
+        before,
+        "answered from the checkpoint"
+    );
+
+    // kill -9: the sockets stay behind; a new driver replaces them and
+    // still knows the claim, through v1beta1 as kubelet 1.33 calls.
+    let place = driver.place.clone();
+    driver.kill9();
+    assert!(place.service().exists() && place.registration().exists());
+    std::fs::remove_file(&spec_file).unwrap();
+    let driver = Driver::start(&place, &["--interval", "1h"]);
+    driver.wait_for("the claim's spec restored", || spec_file.exists());
+    register(&place).await;
+    let request = v1beta1::NodeUnprepareResourcesRequest {
+        claims: vec![v1beta1::Claim {
+            namespace: "team".into(),
+            name: "two-nics".into(),
+            uid: good.clone(),
+        }],
+    };
+    for _ in 0..2 {
+        let answer = driver
+            .v1beta1()
+            .await
+            .node_unprepare_resources(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.claims[&good].error, "");
+        assert!(!spec_file.exists());
+    }
+    let checkpoint = std::fs::read_to_string(place.state_dir.join("dra-checkpoint.json")).unwrap();
+    assert!(!checkpoint.contains(&good), "{checkpoint}");
+    let (status, log) = driver.terminate();
+    assert!(status.success(), "{log}");
+    assert!(!place.service().exists() && !place.registration().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_that_answers_500_once_gets_its_slices_at_the_retry() {
+    let s = setup();
+    s.cluster.api.fault(
+        "POST",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        crate::support::apiserver::Action::Respond(500),
+    );
+    let driver = Driver::start(&s.place, &["--interval", "1h"]);
+    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    let log = driver.log_lines().join("\n");
+    assert!(log.contains("retrying with backoff"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_drops_an_attribute_is_said_once_and_not_rewritten_every_interval() {
+    let s = setup();
+    s.cluster
+        .api
+        .with(|st| st.drop_device_attribute("linkState"));
+    let driver = Driver::start(&s.place, &["--interval", "1s"]);
+    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let posts = slice_writes(&s.cluster.api.log()).len();
+    assert_eq!(posts, 1, "{:#?}", slice_writes(&s.cluster.api.log()));
+    let said = driver
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("did not keep every field"))
+        .count();
+    assert_eq!(said, 1, "{:#?}", driver.log_lines());
+}

@@ -1,0 +1,155 @@
+//! The DRA driver binary under test, started the way a DaemonSet runs it:
+//! a kubelet root folder, the publisher's CDI folder, a state folder and a
+//! kubeconfig for the API stand-in.
+#![allow(dead_code)]
+
+use nodefabric::dra::api::{v1, v1beta1};
+use nodefabric::kubelet::socket;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+/// The driver name the tests run with.
+pub const DRIVER: &str = "rdma.gpustack.ai";
+
+/// Where one driver lives: its folders and its API access.
+#[derive(Clone)]
+pub struct Place {
+    pub kubelet_root: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub node: String,
+}
+
+impl Place {
+    /// The registration socket kubelet's plugin watcher finds.
+    pub fn registration(&self) -> PathBuf {
+        self.kubelet_root
+            .join("plugins_registry")
+            .join(format!("{DRIVER}-reg.sock"))
+    }
+
+    /// The DRA service socket.
+    pub fn service(&self) -> PathBuf {
+        self.kubelet_root
+            .join("plugins")
+            .join(DRIVER)
+            .join("dra.sock")
+    }
+}
+
+/// The driver process; killed on drop. Its stderr is collected as it runs.
+pub struct Driver {
+    pub child: Child,
+    pub place: Place,
+    pub log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Driver {
+    /// Starts the driver with `extra` flags (after the folder flags).
+    pub fn start(place: &Place, extra: &[&str]) -> Driver {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric-dra"))
+            .arg("--node-name")
+            .arg(&place.node)
+            .arg("--kubelet-root-dir")
+            .arg(&place.kubelet_root)
+            .arg("--cdi-dir")
+            .arg(&place.cdi_dir)
+            .arg("--state-dir")
+            .arg(&place.state_dir)
+            .args(["--poll-interval", "100ms", "--api-timeout", "5s"])
+            .args(extra)
+            .env("KUBECONFIG", &place.kubeconfig)
+            .env_remove("NODE_NAME")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Driver {
+            child,
+            place: place.clone(),
+            log,
+            reader: Some(reader),
+        }
+    }
+
+    /// Every line logged so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 15 s) until `done` holds, panicking with the log.
+    pub fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(15);
+        while !done() {
+            if Instant::now() > until {
+                panic!(
+                    "timed out waiting for {what}; log:\n{}",
+                    self.log_lines().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A v1 DRA client on the service socket.
+    pub async fn v1(&self) -> v1::dra_plugin_client::DraPluginClient<Channel> {
+        v1::dra_plugin_client::DraPluginClient::new(
+            socket::connect(&self.place.service()).await.unwrap(),
+        )
+    }
+
+    /// A v1beta1 DRA client on the service socket.
+    pub async fn v1beta1(&self) -> v1beta1::dra_plugin_client::DraPluginClient<Channel> {
+        v1beta1::dra_plugin_client::DraPluginClient::new(
+            socket::connect(&self.place.service()).await.unwrap(),
+        )
+    }
+
+    /// SIGKILL: nothing is cleaned up, the sockets stay.
+    pub fn kill9(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.reader.take().unwrap().join().unwrap();
+        self.log_lines().join("\n")
+    }
+
+    /// SIGTERM, then the exit status and everything logged.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        self.reader.take().unwrap().join().unwrap();
+        (status, self.log_lines().join("\n"))
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Place in `dir` for `node`, with the CDI folder `cdi_dir`.
+pub fn place(dir: &Path, cdi_dir: &Path, kubeconfig: &Path, node: &str) -> Place {
+    Place {
+        kubelet_root: dir.join("kubelet-root"),
+        cdi_dir: cdi_dir.to_path_buf(),
+        state_dir: dir.join("dra-state"),
+        kubeconfig: kubeconfig.to_path_buf(),
+        node: node.to_string(),
+    }
+}
