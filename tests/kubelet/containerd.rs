@@ -5,7 +5,11 @@
 //! devices (the typed `CDI_devices` field, then the `cdi.k8s.io/…`
 //! annotation form), StartContainer. The container lists its
 //! `/dev/infiniband`, which must hold exactly the granted endpoint's verbs
-//! device and `rdma_cm`, with the numbers from the spec.
+//! device and `rdma_cm`, with the numbers from the spec, and its
+//! `NCCL_IB_HCA`. Then the DRA path: the real `nodefabric-dra` prepares a
+//! claim for the same endpoint and containerd gets only the CDI device IDs
+//! Prepare returned (the endpoint's, and the claim's own spec that sets
+//! `NCCL_IB_HCA`).
 //!
 //! The specs are the files `publish` wrote, byte for byte (cdiVersion 0.6.0,
 //! annotations kept). No image can be pulled here: the sandbox and the test
@@ -217,6 +221,110 @@ async fn allocate(
     resp.container_responses.into_iter().next().unwrap()
 }
 
+/// A claim the DRA driver prepared, and what to undo it with.
+struct Prepared {
+    /// Prepare's answer in the form kubelet hands to the runtime.
+    allocation: api::ContainerAllocateResponse,
+    driver: crate::support::dra::Driver,
+    uid: String,
+    _cluster: crate::support::cluster::Cluster,
+}
+
+impl Prepared {
+    /// Unprepares the claim; the driver's exit status and the claim spec's path.
+    async fn unprepare(self) -> (std::process::ExitStatus, PathBuf) {
+        use nodefabric::dra::api::v1;
+        let answer = self
+            .driver
+            .v1()
+            .await
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: "default".into(),
+                    name: "one-nic".into(),
+                    uid: self.uid.clone(),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.claims[&self.uid].error, "");
+        let spec = self
+            .driver
+            .place
+            .cdi_dir
+            .join(format!("nodefabric-claim-{}.json", self.uid));
+        let (status, log) = self.driver.terminate();
+        assert!(status.success(), "{log}");
+        (status, spec)
+    }
+}
+
+/// The real DRA driver on `cdi_dir`, against the API stand-in, prepares a
+/// claim allocated the device whose RDMA device is `rdma`.
+async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdma: &str) -> Prepared {
+    use crate::support::dra::{place, Driver, DRIVER};
+    use nodefabric::dra::api::v1;
+    let cluster = crate::support::cluster::Cluster::start(dir);
+    cluster.api.add_node("node-a");
+    let place = place(dir, cdi_dir, &cluster.kubeconfig, "node-a");
+    let driver = Driver::start(&place, &["--interval", "1h"]);
+    let device = std::sync::Mutex::new(String::new());
+    driver.wait_for("the slices", || {
+        let found = cluster.api.with(|s| {
+            s.resource_slices()
+                .iter()
+                .flat_map(|x| x["spec"]["devices"].as_array().cloned().unwrap_or_default())
+                .find(|d| d["attributes"]["rdmaDevice"]["string"] == rdma)
+                .map(|d| d["name"].as_str().unwrap().to_string())
+        });
+        found.map(|n| *device.lock().unwrap() = n).is_some()
+    });
+    let device = device.into_inner().unwrap();
+    let uid = cluster
+        .api
+        .with(|s| s.put_claim("default", "one-nic", &[(DRIVER, "node-a", &device, "nic")]));
+    let answer = driver
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![v1::Claim {
+                namespace: "default".into(),
+                name: "one-nic".into(),
+                uid: uid.clone(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let one = &answer.claims[&uid];
+    assert_eq!(one.error, "");
+    let ids: Vec<String> = one
+        .devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            format!("gpustack.ai/rdma={rdma}"),
+            format!("gpustack.ai/rdma-claim={uid}")
+        ]
+    );
+    Prepared {
+        allocation: api::ContainerAllocateResponse {
+            cdi_devices: ids
+                .into_iter()
+                .map(|name| api::CdiDevice { name })
+                .collect(),
+            ..Default::default()
+        },
+        driver,
+        uid,
+        _cluster: cluster,
+    }
+}
+
 /// Runs one container in a fresh host-network pod with what `allocation`
 /// hands over (as kubelet does: typed CDI devices and annotations), and
 /// returns the `name major:minor` lines of its `/dev/infiniband`.
@@ -269,7 +377,7 @@ async fn run_with(
         command: vec![
             "/bin/sh".into(),
             "-c".into(),
-            "for f in /dev/infiniband/*; do stat -c '%n %t:%T' $f; done".into(),
+            "for f in /dev/infiniband/*; do stat -c '%n %t:%T' $f; done; echo \"env NCCL_IB_HCA=$NCCL_IB_HCA\"".into(),
         ],
         annotations: allocation.annotations.clone(),
         envs: allocation
@@ -354,12 +462,13 @@ async fn run_with(
 }
 
 /// What the container must list for a verbs device and rdma_cm, in
-/// `stat -c '%n %t:%T'` form (hex numbers).
-fn expected(spec_devices: &[(&str, u32, u32)]) -> Vec<String> {
+/// `stat -c '%n %t:%T'` form (hex numbers), and its `NCCL_IB_HCA`.
+fn expected(spec_devices: &[(&str, u32, u32)], nccl_ib_hca: &str) -> Vec<String> {
     let mut v: Vec<String> = spec_devices
         .iter()
         .map(|(p, ma, mi)| format!("{p} {ma:x}:{mi:x}"))
         .collect();
+    v.push(format!("env NCCL_IB_HCA={nccl_ib_hca}"));
     v.sort();
     v
 }
@@ -421,10 +530,13 @@ async fn containerd_injects_the_allocated_endpoint_from_the_published_spec() {
     fs::create_dir_all(&ctd_dir).unwrap();
     let ctd = Containerd::start(&ctd_dir, &cdi);
     // mlx5_3 is uverbs3 (231:3) in the fixture; rdma_cm is 10:58.
-    let want = expected(&[
-        ("/dev/infiniband/uverbs3", 231, 3),
-        ("/dev/infiniband/rdma_cm", 10, 58),
-    ]);
+    let want = expected(
+        &[
+            ("/dev/infiniband/uverbs3", 231, 3),
+            ("/dev/infiniband/rdma_cm", 10, 58),
+        ],
+        "=mlx5_3",
+    );
 
     let typed = allocate(&cdi, &tmp.path().join("kubelet-typed"), "mlx5_3", false).await;
     assert_eq!(
@@ -456,6 +568,21 @@ async fn containerd_injects_the_allocated_endpoint_from_the_published_spec() {
         run_with(&ctd, "annotated", &annotated).await,
         want,
         "CDI annotations"
+    );
+
+    // The DRA path: the driver's Prepare answer, as kubelet hands it over
+    // (typed CDI devices only; NCCL_IB_HCA comes from the claim's own spec).
+    let claim = prepare_with_dra(tmp.path(), &cdi, "mlx5_3").await;
+    assert_eq!(
+        run_with(&ctd, "dra", &claim.allocation).await,
+        want,
+        "DRA Prepare's CDI devices"
+    );
+    let (_, claim_spec) = claim.unprepare().await;
+    assert!(
+        !claim_spec.exists(),
+        "Unprepare removes {}",
+        claim_spec.display()
     );
 
     // containerd read the published files as they are and changed none of them.
