@@ -13,17 +13,23 @@ command -v runc >/dev/null || need+=(runc)
 # the rail-source test runs a real lldpd in network namespaces joined by veths
 command -v lldpd >/dev/null || need+=(lldpd)
 command -v ip >/dev/null || need+=(iproute2)
-# the CRI end-to-end test drives a real containerd with CDI, which needs 1.7;
-# Debian 12 ships 1.6, so containerd alone comes from Debian 13, pinned so
-# that no other package is taken from there
-if ! containerd --version 2>/dev/null | grep -qE ' v?(1\.([7-9]|[1-9][0-9])|[2-9])\.'; then
-  need+=(containerd)
+# Two packages come from Debian 13, pinned so that no other package is
+# taken from there:
+# - the CRI end-to-end test drives a real containerd with CDI, which needs
+#   1.7; Debian 12 ships 1.6;
+# - the DRA deployment test renders the kustomize component with a real
+#   `kubectl kustomize`; Debian ships kubectl from 13 on.
+trixie=()
+containerd --version 2>/dev/null | grep -qE ' v?(1\.([7-9]|[1-9][0-9])|[2-9])\.' || trixie+=(containerd)
+command -v kubectl >/dev/null || trixie+=(kubectl)
+if [ ${#trixie[@]} -gt 0 ]; then
+  need+=("${trixie[@]}")
   if [ "$(id -u)" = 0 ] && [ ! -e /etc/apt/sources.list.d/nodefabric-trixie.sources ]; then
     # the machine's own Debian mirror (a corporate or local one keeps working)
     mirror=$(bash scripts/debian-mirror.sh)
     printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$mirror" \
       > /etc/apt/sources.list.d/nodefabric-trixie.sources
-    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n\nPackage: containerd\nPin: release n=trixie\nPin-Priority: 990\n' \
+    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n\nPackage: containerd kubectl\nPin: release n=trixie\nPin-Priority: 990\n' \
       > /etc/apt/preferences.d/nodefabric-trixie
   fi
 fi

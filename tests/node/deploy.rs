@@ -30,7 +30,10 @@ fn yaml(file: &str) -> Value {
 
 /// Parses `value` as `T` and checks the typed object serialises back to the
 /// same document: typed parsing alone ignores unknown (or misspelt) keys.
-fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, value: &Value) -> T {
+pub(crate) fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(
+    file: &str,
+    value: &Value,
+) -> T {
     let obj: T = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
     let back = serde_json::to_value(&obj).unwrap();
     assert_eq!(
@@ -152,14 +155,14 @@ fn the_kustomization_lists_every_manifest() {
 }
 
 /// True when `path` lies under one of the container's mounts.
-fn mounted(c: &Container, path: &Path) -> bool {
+pub(crate) fn mounted(c: &Container, path: &Path) -> bool {
     c.volume_mounts
         .iter()
         .flatten()
         .any(|m| path.starts_with(&m.mount_path))
 }
 
-fn host_path<'a>(volumes: &'a [Volume], c: &Container, mount: &Path) -> Option<&'a str> {
+pub(crate) fn host_path<'a>(volumes: &'a [Volume], c: &Container, mount: &Path) -> Option<&'a str> {
     let m = c
         .volume_mounts
         .iter()
@@ -300,7 +303,7 @@ fn a_misspelt_field_is_caught() {
 }
 
 /// Every verb RBAC knows, to prove each account may do only what it needs.
-const VERBS: [&str; 8] = [
+pub(crate) const VERBS: [&str; 8] = [
     "get",
     "list",
     "watch",
@@ -312,7 +315,7 @@ const VERBS: [&str; 8] = [
 ];
 
 /// The verbs `sa` may use on one object (or collection, `name` None).
-fn verbs(
+pub(crate) fn verbs(
     rbac: &Rbac,
     sa: (&str, &str),
     group: &str,

@@ -11,6 +11,7 @@ mod cdi;
 mod deploy;
 mod discovery;
 mod docs;
+mod dra_deploy;
 mod fabric;
 mod faults;
 mod lldp;

@@ -1,5 +1,5 @@
 //! RBAC as the API server's authorizer evaluates it, loaded from the
-//! manifests in deploy/: a ServiceAccount may do what any Role (through a
+//! manifests in deploy/ (or a rendering of it): a ServiceAccount may do what any Role (through a
 //! RoleBinding, in that namespace) or ClusterRole (through a
 //! ClusterRoleBinding, anywhere; through a RoleBinding, in its namespace)
 //! bound to it allows. Used by the in-test API server, so the binaries run
@@ -77,6 +77,12 @@ impl Rbac {
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             docs.push(v);
         }
+        Rbac::from_docs(&docs)
+    }
+
+    /// Loads every Role, ClusterRole and binding among `docs` (a rendered
+    /// kustomization, say); other kinds are ignored.
+    pub fn from_docs(docs: &[Value]) -> Rbac {
         let of = |kind: &'static str| docs.iter().filter(move |d| d["kind"] == kind).cloned();
         let roles: Vec<Role> = of("Role")
             .map(|d| serde_json::from_value(d).unwrap())
