@@ -374,8 +374,23 @@ fn the_dra_driver_mounts_the_folders_its_flags_name_at_the_hosts_own_paths() {
             "kubelet-root-dir",
             "metrics-addr",
             "node-name",
+            "rails-file",
             "state-dir"
         ]
+    );
+    // The driver's own parser takes the arguments as kubelet passes them.
+    let mut argv = c.command.clone().unwrap();
+    argv.extend(c.args.clone().unwrap_or_default());
+    let parsed = nodefabric::dra::cli::DraCli::try_parse_from(
+        argv.iter().map(|a| a.replace("$(NODE_NAME)", "node-a")),
+    )
+    .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let config = parsed.config();
+    assert_eq!(config.cdi_dir, PathBuf::from(&f["cdi-dir"]));
+    assert_eq!(config.interval, std::time::Duration::from_secs(30));
+    assert_eq!(
+        config.rails_file.as_deref(),
+        Some(Path::new(&f["rails-file"]))
     );
     assert_eq!(f["interval"], "30s");
     assert_eq!(f["driver-name"], DEFAULT_DRIVER);
@@ -448,8 +463,7 @@ fn the_dra_driver_mounts_the_folders_its_flags_name_at_the_hosts_own_paths() {
     // attribute on is one flag on each side.
     let publisher_text = fs::read_to_string(repo().join("deploy/nodefabric.yaml")).unwrap();
     let rails = commented_rails_file(&publisher_text, "nodefabric.yaml");
-    let driver_text = fs::read_to_string(component().join("daemonset.yaml")).unwrap();
-    assert_eq!(commented_rails_file(&driver_text, "daemonset.yaml"), rails);
+    assert_eq!(Path::new(&f["rails-file"]), rails);
     let (written_to, publisher_ro) = on_host(&publisher, pc, &rails);
     assert!(!publisher_ro, "the publisher writes it");
     assert_eq!(on_host(&spec, c, &rails), (written_to, true));
