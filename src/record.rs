@@ -309,7 +309,17 @@ pub struct LinkVerdict {
     pub first_seen: Option<String>,
 }
 
-/// One RDMA port's two attributes, verbatim; `None` where unreadable.
+impl LinkVerdict {
+    /// The link layer every readable port agrees on; `None` when none could
+    /// be read or the ports disagree (a dual-port HCA with one port of each).
+    pub fn link_layer(&self) -> Option<&str> {
+        let mut layers = self.ports.iter().filter_map(|p| p.link_layer.as_deref());
+        let first = layers.next()?;
+        layers.all(|l| l == first).then_some(first)
+    }
+}
+
+/// One RDMA port's attributes, verbatim; `None` where unreadable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PortReading {
@@ -321,6 +331,10 @@ pub struct PortReading {
     /// `ports/N/phys_state` as read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phys_state: Option<String>,
+    /// `ports/N/link_layer` as read (`InfiniBand`, `Ethernet`); not part of
+    /// the verdict, so an unreadable one is simply absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_layer: Option<String>,
 }
 
 /// An accelerator maker, found by its PCI vendor ID and spelt in the record
@@ -467,5 +481,37 @@ impl NodeRecord {
     /// All accelerators across groups.
     pub fn accelerators(&self) -> impl Iterator<Item = &Accelerator> {
         self.spec.groups.iter().flat_map(|g| g.accelerators.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(n: &str, layer: Option<&str>) -> PortReading {
+        PortReading {
+            port: n.into(),
+            state: Some("4: ACTIVE".into()),
+            phys_state: Some("5: LinkUp".into()),
+            link_layer: layer.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_link_layer_is_the_one_every_readable_port_agrees_on() {
+        let verdict = |ports| LinkVerdict {
+            state: LinkState::Ok,
+            reason: None,
+            ports,
+            first_seen: None,
+        };
+        let ib = verdict(vec![port("1", Some("InfiniBand")), port("2", None)]);
+        assert_eq!(ib.link_layer(), Some("InfiniBand"));
+        let mixed = verdict(vec![
+            port("1", Some("InfiniBand")),
+            port("2", Some("Ethernet")),
+        ]);
+        assert_eq!(mixed.link_layer(), None);
+        assert_eq!(verdict(vec![port("1", None)]).link_layer(), None);
     }
 }

@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `rdma-device` | the RDMA device (`mlx5_0`), the CDI device's name | always |
 //! | `link` | the link verdict: `OK`, `Unverified` or `Failed` | always |
+//! | `link-layer` | the ports' link layer as the kernel prints it (`InfiniBand`, `Ethernet`) | when every readable port agrees |
 //! | `pci-address` | `DDDD:BB:DD.F` | PCI endpoints |
 //! | `pcie-root` | the host bridge, `pciDDDD:BB` | PCI endpoints |
 //! | `numa` | the NUMA node (a VF with none takes its PF's) | when the kernel gave one |
@@ -40,6 +41,8 @@ pub enum Key {
     Numa,
     /// `link`.
     Link,
+    /// `link-layer`.
+    LinkLayer,
     /// `interface`.
     Interface,
     /// `parent`.
@@ -55,6 +58,7 @@ impl Key {
             Key::PcieRoot => "rdma.gpustack.ai/pcie-root",
             Key::Numa => "rdma.gpustack.ai/numa",
             Key::Link => "rdma.gpustack.ai/link",
+            Key::LinkLayer => "rdma.gpustack.ai/link-layer",
             Key::Interface => "rdma.gpustack.ai/interface",
             Key::Parent => "rdma.gpustack.ai/parent",
         }
@@ -84,6 +88,8 @@ pub struct EndpointAnnotations {
     pub numa: Option<u32>,
     /// The link verdict, the same as the labels' and the record's.
     pub link: LinkState,
+    /// The ports' link layer (`InfiniBand`, `Ethernet`), when known.
+    pub link_layer: Option<String>,
     /// The netdev names bound to the RDMA device, sorted; empty when none.
     pub interfaces: Vec<String>,
     /// For a VF: its PF's PCI address.
@@ -129,6 +135,9 @@ impl EndpointAnnotations {
             put(Key::Numa, numa.to_string());
         }
         put(Key::Link, self.link.as_str().to_string());
+        if let Some(layer) = &self.link_layer {
+            put(Key::LinkLayer, layer.clone());
+        }
         if !self.interfaces.is_empty() {
             put(
                 Key::Interface,
@@ -175,6 +184,17 @@ impl EndpointAnnotations {
         let link = required(Key::Link)?;
         let link = parse_link(link)
             .ok_or_else(|| malformed(Key::Link, link, "expected OK, Unverified or Failed"))?;
+        let link_layer = match get(Key::LinkLayer) {
+            Some(v) if is_link_layer(v) => Some(v.to_string()),
+            Some(v) => {
+                return Err(malformed(
+                    Key::LinkLayer,
+                    v,
+                    "expected a link layer such as InfiniBand or Ethernet",
+                ))
+            }
+            None => None,
+        };
         let pcie_root = match get(Key::PcieRoot) {
             Some(v) if pci::is_host_bridge(v) => Some(v.to_string()),
             Some(v) => return Err(malformed(Key::PcieRoot, v, "expected pciDDDD:BB")),
@@ -207,10 +227,17 @@ impl EndpointAnnotations {
             pcie_root,
             numa,
             link,
+            link_layer,
             interfaces,
             parent: pci_address(Key::Parent)?,
         })
     }
+}
+
+/// A link layer as the kernel spells one: a short word of ASCII letters
+/// (`InfiniBand`, `Ethernet`, `Unknown`).
+pub fn is_link_layer(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_alphabetic())
 }
 
 /// The verdict from its annotation spelling ([`LinkState::as_str`]).
@@ -231,9 +258,18 @@ mod tests {
             pcie_root: Some("pci0000:00".into()),
             numa: Some(1),
             link: LinkState::Failed,
+            link_layer: Some("Ethernet".into()),
             interfaces: vec!["ens1f0v1".into()],
             parent: Some("0000:04:00.0".into()),
         }
+    }
+
+    #[test]
+    fn a_link_layer_that_is_not_a_word_is_refused_naming_the_key() {
+        let mut map = vf().to_map();
+        map.insert(Key::LinkLayer.as_str().into(), "Ether net;rm".into());
+        let e = EndpointAnnotations::from_map("mlx5_3", &map).unwrap_err();
+        assert!(e.to_string().contains("rdma.gpustack.ai/link-layer"), "{e}");
     }
 
     #[test]
@@ -244,6 +280,7 @@ mod tests {
             pcie_root: None,
             numa: None,
             link: LinkState::Unverified,
+            link_layer: None,
             interfaces: vec!["ib0".into(), "ib0.8001".into()],
             parent: None,
         };
@@ -257,7 +294,8 @@ mod tests {
         let map = vf().to_map();
         assert_eq!(map["rdma.gpustack.ai/link"], "Failed");
         assert_eq!(map["rdma.gpustack.ai/pcie-root"], "pci0000:00");
-        assert_eq!(map.len(), 7);
+        assert_eq!(map["rdma.gpustack.ai/link-layer"], "Ethernet");
+        assert_eq!(map.len(), 8);
     }
 
     #[test]

@@ -91,6 +91,12 @@ fn draft(ep: &Interface, parent: Option<&Interface>) -> Result<Draft, Unresolved
         pcie_root: ep.topology.as_ref().and_then(|t| t.pcie_root.clone()),
         numa: ep.effective_numa(parent),
         link: ep.link.as_ref().map_or(LinkState::Unverified, |l| l.state),
+        link_layer: ep
+            .link
+            .as_ref()
+            .and_then(|l| l.link_layer())
+            .filter(|l| crate::cdi::annotations::is_link_layer(l))
+            .map(str::to_string),
         interfaces: ep.name.iter().cloned().collect(),
         parent: parent.and_then(|p| p.pci_bus_id.clone()),
     };

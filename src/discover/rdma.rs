@@ -56,10 +56,13 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
         for e in [&state, &phys].into_iter().filter_map(|r| r.as_ref().err()) {
             unreadable.push(e.to_string());
         }
+        // For the DRA `linkLayer` attribute only: not part of the verdict.
+        let link_layer = root.read_trimmed(&join(&dir, "link_layer")).ok();
         readings.push(PortReading {
             port,
             state: state.ok(),
             phys_state: phys.ok(),
+            link_layer,
         });
     }
     if up {

@@ -183,6 +183,9 @@ fn of_device(
         );
     }
     put("linkState", Attribute::String(a.link.as_str().to_string()));
+    if let Some(layer) = &a.link_layer {
+        put("linkLayer", Attribute::String(layer.clone()));
+    }
     put("virtualFunction", Attribute::Bool(a.parent.is_some()));
     if let Some(parent) = &a.parent {
         put("parentPciBusID", Attribute::String(parent.clone()));
