@@ -3,7 +3,8 @@
 //! latency over the Unix socket, the time from a CDI spec change to the
 //! updated ListAndWatch message, and GetPreferredAllocation over 40,000
 //! shared tokens (625 endpoints). Writes docs/benchmarks.md's device-plugin
-//! section. Run with `cargo bench --bench plugin`.
+//! section. Run with `cargo bench --bench plugin`; `-- --spec-cap` measures
+//! the plugin's peak RSS at the default spec cap instead (see [`spec_cap`]).
 
 #[path = "../tests/support/fixtures.rs"]
 mod fixtures;
@@ -62,8 +63,187 @@ fn replace(dir: &Path, name: &str, spec: &serde_json::Value) {
     std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
+/// The plugin's memory limit in `deploy/device-plugin.yaml`, in MiB.
+const PLUGIN_LIMIT_MIB: f64 = 64.0;
+
+/// The whole-interface spec `base` grown to `n` devices, copies of its first
+/// renamed `mlx5_<i>`, as compact JSON (the most devices per byte).
+fn grown(base: &serde_json::Value, n: usize) -> Vec<u8> {
+    let mut spec = base.clone();
+    let first = spec["devices"][0].clone();
+    let name = first["name"].as_str().unwrap().to_string();
+    let text = serde_json::to_string(&first).unwrap();
+    spec["devices"] = (0..n)
+        .map(|i| {
+            serde_json::from_str::<serde_json::Value>(&text.replace(&name, &format!("mlx5_{i}")))
+                .unwrap()
+        })
+        .collect();
+    serde_json::to_vec(&spec).unwrap()
+}
+
+/// What one plugin run at a spec size shows: its peak RSS, and the length
+/// of the first list each resource's stream sent (`None`: none sent).
+struct CapRun {
+    peak_kib: u64,
+    lists: Vec<Option<usize>>,
+}
+
+/// Starts the plugin (release binary, default flags, so the default spec
+/// cap) on a CDI folder holding `spec` as the whole-interface spec, with a
+/// kubelet stand-in that opens one ListAndWatch stream per resource as
+/// kubelet does; its VmHWM two seconds after the first lists.
+async fn serve_spec(spec: &[u8]) -> CapRun {
+    let tmp = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let (cdi, kdir) = (tmp.path().join("cdi"), tmp.path().join("kubelet"));
+    std::fs::create_dir_all(&cdi).unwrap();
+    std::fs::create_dir_all(&kdir).unwrap();
+    let tmp_spec = cdi.join(".nodefabric-rdma.json.tmp");
+    std::fs::write(&tmp_spec, spec).unwrap();
+    std::fs::rename(&tmp_spec, cdi.join("nodefabric-rdma.json")).unwrap();
+    let mut kubelet = Kubelet::start(&kdir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
+        .arg("--kubelet-dir")
+        .arg(&kdir)
+        .arg("--cdi-dir")
+        .arg(&cdi)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    kubelet.registrations(3).await;
+    let mut streams = Vec::new();
+    let mut lists = Vec::new();
+    for sock in [
+        "nodefabric-rdma.sock",
+        "nodefabric-rdma-shared.sock",
+        "nodefabric-rdma-partitioned.sock",
+    ] {
+        let path = kdir.join(sock);
+        // A list kubelet would refuse is never sent: a short wait says so.
+        let first = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut client = DevicePluginClient::new(socket::connect(&path).await.unwrap());
+            let mut s = client
+                .list_and_watch(api::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            let n = s.message().await.unwrap().map(|l| l.devices.len());
+            (s, n)
+        })
+        .await;
+        match first {
+            Ok((s, n)) => {
+                streams.push(s);
+                lists.push(n);
+            }
+            Err(_) => lists.push(None),
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let peak_kib = rss_kib(child.id(), "VmHWM:");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(streams);
+    kubelet.stop();
+    CapRun { peak_kib, lists }
+}
+
+/// `--spec-cap`: the plugin's peak RSS on whole-interface specs up to the
+/// default cap: the largest that fits under it, and, found by bisection,
+/// the most devices whose shared list (64 tokens each) still fits kubelet's
+/// 4 MiB message (built and sent, the heaviest work) and the fewest whose
+/// list does not (the spec refused).
+/// Writes the "Device plugin at the spec cap" section.
+async fn spec_cap() {
+    let cap = nodefabric::kubelet::specs::DEFAULT_MAX_BYTES;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    fixtures::gpu8_switch_paired(&root);
+    let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["cdi", "--sysfs-root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let specs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let base = &specs["nodefabric-rdma.json"];
+    // The most devices under the cap.
+    let (mut lo, mut hi) = (1usize, 100_000usize);
+    while lo + 1 < hi {
+        let mid = (lo + hi) / 2;
+        if grown(base, mid).len() as u64 <= cap {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let mut runs = std::collections::BTreeMap::new();
+    let shared_sent = |r: &CapRun| r.lists[1].is_some_and(|n| n > 0);
+    for n in [512, 1024, lo] {
+        runs.insert(n, serve_spec(&grown(base, n)).await);
+    }
+    assert!(shared_sent(&runs[&1024]) && !shared_sent(&runs[&lo]));
+    // The most devices whose shared list is still sent, and the fewest
+    // whose is not: the plugin's heaviest work lies at the first.
+    let (mut sent, mut refused) = (1024usize, lo);
+    while sent + 1 < refused {
+        let mid = (sent + refused) / 2;
+        let run = serve_spec(&grown(base, mid)).await;
+        if shared_sent(&run) {
+            sent = mid;
+        } else {
+            refused = mid;
+        }
+        runs.insert(mid, run);
+    }
+    let peak = runs.values().map(|r| r.peak_kib).max().unwrap();
+    let mut rows = String::new();
+    for n in [512, 1024, sent, refused, lo] {
+        let (run, bytes) = (&runs[&n], grown(base, n).len());
+        let tokens = |l: Option<usize>| l.unwrap_or(0);
+        println!(
+            "{n} devices, {bytes} bytes: peak RSS {} KiB, lists {:?}",
+            run.peak_kib, run.lists
+        );
+        rows += &format!(
+            "| {n} | {bytes} | {} | {} | {:.1} MiB | {:.0}% |\n",
+            tokens(run.lists[0]),
+            tokens(run.lists[1]),
+            run.peak_kib as f64 / 1024.0,
+            100.0 * run.peak_kib as f64 / 1024.0 / PLUGIN_LIMIT_MIB,
+        );
+    }
+    let peak_mib = peak as f64 / 1024.0;
+    let section = format!(
+        "## Device plugin at the spec cap\n\n\
+         `cargo bench --bench plugin -- --spec-cap`: `nodefabric-device-plugin` (release binary, default flags, so the \
+         default spec cap of {cap} bytes) serving one whole-interface spec, with a kubelet stand-in that opens one \
+         ListAndWatch stream per resource and reads the first list of each. The spec is the 8-GPU fixture's, its first \
+         device copied and renamed until it holds the count given (compact JSON, about {} bytes a device, the most devices \
+         per byte a real spec has). A spec whose shared list (64 tokens a device) would exceed kubelet's 4 MiB message is \
+         refused whole, its family advertising nothing (0 below) until a spec that fits: the rows are the most devices whose \
+         shared list is sent and the fewest whose is not (found by bisection, {} runs in all), and the most devices under \
+         the cap. Peak RSS is the plugin's own VmHWM (/proc/PID/status) two seconds after the first lists. Memory limit in \
+         `deploy/device-plugin.yaml`: {PLUGIN_LIMIT_MIB:.0}Mi.\n\n\
+         | devices | spec bytes | exclusive tokens sent | shared tokens sent | peak RSS | share of the 64Mi limit |\n\
+         |---|---|---|---|---|---|\n{rows}\n\
+         The highest peak of all {} runs at the default cap is {peak_mib:.1} MiB, {:.2}x the limit. Before the cap was cut \
+         to 2 MiB and lists over 4 MiB refused, issue #31 saw 637 MiB on a 15.5 MB spec.\n",
+        grown(base, lo).len() / lo,
+        runs.len(),
+        runs.len(),
+        peak_mib / PLUGIN_LIMIT_MIB,
+    );
+    report::write_section("Device plugin at the spec cap", &section);
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--spec-cap") {
+        return spec_cap().await;
+    }
     let tmp = tempfile::tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .unwrap();

@@ -19,6 +19,7 @@ pub use errors::{Fault, PackError, ReplayError, VendorError};
 pub use limits::Limits;
 pub use replay::{unpack, Replay};
 
+use crate::escape;
 use crate::sysfs::{Entry, Recorded};
 use flate2::{write::GzEncoder, Compression};
 use std::collections::BTreeSet;
@@ -83,26 +84,41 @@ pub fn pack(
         let path = path.to_string();
         move |source| PackError::Entry { path, source }
     };
+    // The archive holds the names' bytes, not their text: a replay lists
+    // them as the host did.
+    let in_tree = |text: &str| match escape::text_path(text) {
+        Some(p) => Ok(Path::new(TOP).join(p)),
+        None => Err(failed(text)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not the text of a path",
+        ))),
+    };
     let mut h = header(tar::EntryType::Directory, 0o755, 0);
     tar.append_data(&mut h, TOP, std::io::empty())
         .map_err(failed(TOP))?;
     for d in &dirs {
         let mut h = header(tar::EntryType::Directory, 0o755, 0);
-        tar.append_data(&mut h, format!("{TOP}/{d}"), std::io::empty())
+        tar.append_data(&mut h, in_tree(d)?, std::io::empty())
             .map_err(failed(d))?;
     }
     for (path, entry) in recorded {
-        let name = format!("{TOP}/{path}");
+        let name = in_tree(path)?;
         match entry {
             Entry::Dir => {}
             Entry::Link(target) => {
                 let mut h = header(tar::EntryType::Symlink, 0o777, 0);
                 let target = stored_target(path, target, recorded);
-                tar.append_link(&mut h, &name, &target)
-                    .map_err(|source| PackError::Link {
-                        path: path.clone(),
-                        source,
-                    })?;
+                let link = |source| PackError::Link {
+                    path: path.clone(),
+                    source,
+                };
+                let target = escape::text_path(&target).ok_or_else(|| {
+                    link(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("its target {target:?} is not the text of a path"),
+                    ))
+                })?;
+                tar.append_link(&mut h, &name, target).map_err(link)?;
             }
             Entry::File(bytes) => {
                 let mut h = header(tar::EntryType::Regular, 0o444, bytes.len() as u64);

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod cluster;
 pub mod discover;
 pub mod dra;
+pub mod escape;
 pub mod fabric;
 pub mod input;
 pub mod kubelet;

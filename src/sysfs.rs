@@ -6,10 +6,20 @@
 //! root. That is what lets a captured tree under `/tmp/node` read exactly like the
 //! live `/sys`, and what stops a hostile link in a captured tree from making us
 //! read `/etc/shadow`. One attribute read is capped at [`MAX_ATTR_BYTES`].
+//!
+//! Paths and names cross this module as text, each name escaped as
+//! [`crate::escape`] writes it: a netdev may be named with bytes that are not
+//! UTF-8, and its text must lead back to exactly those bytes. Every name
+//! read from the kernel (a listing, a link's text, a resolved path) is
+//! escaped here, and every path handed to the kernel is its bytes again.
 
+use crate::escape::{escape, path_text as text_of, text_path, unescape};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -153,7 +163,8 @@ pub enum Entry {
     Placeholder,
 }
 
-/// Everything a recording [`SysRoot`] touched.
+/// Everything a recording [`SysRoot`] touched, by the text of its path
+/// (link targets are text too; see [`crate::escape`]).
 pub type Recorded = BTreeMap<String, Entry>;
 
 /// What one pass's resolutions know of a path (see [`SysRoot::resolve`]).
@@ -218,7 +229,7 @@ impl SysRoot {
 
     fn note(&self, path: &Path, entry: Entry) {
         let Some(rec) = &self.recorder else { return };
-        let key = path.to_string_lossy().into_owned();
+        let key = text_of(path).into_owned();
         let mut map = rec.lock().expect("recorder lock");
         match (map.get(&key), &entry) {
             // Content wins over a placeholder, never the other way round.
@@ -241,7 +252,8 @@ impl SysRoot {
     /// and inside it: a climb above the root stops the walk), so a capture
     /// walks each path once; `None` leaves the error to the resolving walk.
     fn note_chain(&self, rel: &str) -> Option<PathBuf> {
-        let mut pending: Vec<PathBuf> = Path::new(rel.trim_start_matches('/'))
+        let mut pending: Vec<PathBuf> = on_disk(rel.trim_start_matches('/'))
+            .ok()?
             .components()
             .rev()
             .map(|c| PathBuf::from(c.as_os_str()))
@@ -269,7 +281,7 @@ impl SysRoot {
                 let Ok(target) = fs::read_link(self.root.join(&next)) else {
                     return None;
                 };
-                self.note(&next, Entry::Link(target.to_string_lossy().into_owned()));
+                self.note(&next, Entry::Link(text_of(&target).into_owned()));
                 hops += 1;
                 if target.is_absolute() || hops > 40 {
                     return None;
@@ -321,7 +333,7 @@ impl SysRoot {
             },
             true => self.resolve_abs(rel)?,
         };
-        Ok(self.relative(&abs).to_string_lossy().into_owned())
+        Ok(text_of(self.relative(&abs)).into_owned())
     }
 
     /// The one place every access resolves a path, and so the one place a
@@ -407,14 +419,13 @@ impl SysRoot {
             Err(_) => return Err(None),
         };
         // The text as sysfs writes it: `../` climbs, then plain names. Anything
-        // else (absolute, `.`, `..` or an empty name after a name, bytes that
-        // are not UTF-8) is the full walk's to resolve.
-        let Ok(text) = std::str::from_utf8(text) else {
-            return Err(None);
-        };
+        // else (absolute, `.`, `..` or an empty name after a name) is the
+        // full walk's to resolve. A name that is not UTF-8 is escaped like
+        // every other path here, which keeps its `/` and dots where they are.
+        let text = escape(text);
         let mut base = &candidate[..candidate.len() - name.len()];
         base = base.strip_suffix('/').unwrap_or(base);
-        let mut rest = text;
+        let mut rest: &str = &text;
         while let Some(r) = rest.strip_prefix("../") {
             // Climbing above the root is an escape: the walk names it.
             if base.is_empty() {
@@ -534,7 +545,7 @@ impl SysRoot {
                 Ok(n as usize)
             })?,
             None => {
-                let text = fs::read_link(self.root.join(rel))?;
+                let text = fs::read_link(self.root.join(on_disk(rel)?))?;
                 let bytes = text.as_os_str().as_bytes();
                 let n = bytes.len().min(buf.len());
                 buf[..n].copy_from_slice(&bytes[..n]);
@@ -591,7 +602,12 @@ impl SysRoot {
     /// Resolves `rel` by walking its whole symlink chain, then checks that
     /// it lands inside the root.
     fn resolve_walk(&self, rel: &str) -> Result<PathBuf, SysError> {
-        let joined = self.root.join(rel.trim_start_matches('/'));
+        let joined = on_disk(rel.trim_start_matches('/'))
+            .map(|p| self.root.join(p))
+            .map_err(|cause| SysError::Io {
+                path: rel.to_string(),
+                cause,
+            })?;
         let target = fs::canonicalize(&joined).map_err(|cause| {
             if cause.kind() == std::io::ErrorKind::NotFound && self.dangles(&joined) {
                 return SysError::Dangling {
@@ -774,11 +790,14 @@ impl SysRoot {
             path: rel.to_string(),
             cause,
         };
-        let mut names = Vec::new();
+        let mut found: Vec<OsString> = Vec::new();
         for entry in fs::read_dir(&abs).map_err(io)? {
-            let entry = entry.map_err(io)?;
-            names.push(entry.file_name().to_string_lossy().into_owned());
+            found.push(entry.map_err(io)?.file_name());
         }
+        let mut names: Vec<String> = found
+            .iter()
+            .map(|n| escape(n.as_bytes()).into_owned())
+            .collect();
         names.sort_unstable();
         if self.recording_on() {
             let dir = self.relative(&abs);
@@ -786,12 +805,12 @@ impl SysRoot {
             // Plain files are left out: nothing decides on a listed file's
             // name alone (the replay test on every fixture holds this), and
             // their names can be host data too.
-            for name in &names {
+            for name in &found {
                 let path = dir.join(name);
                 match fs::symlink_metadata(self.root.join(&path)) {
                     Ok(m) if m.file_type().is_symlink() => {
                         if let Ok(t) = fs::read_link(self.root.join(&path)) {
-                            self.note(&path, Entry::Link(t.to_string_lossy().into_owned()));
+                            self.note(&path, Entry::Link(text_of(&t).into_owned()));
                         }
                     }
                     Ok(m) if m.is_dir() => self.note(&path, Entry::Dir),
@@ -811,16 +830,17 @@ impl SysRoot {
         } else {
             self.resolve_abs(parent)?
         };
-        let name = Path::new(rel).file_name().ok_or_else(|| SysError::Io {
+        let io = |cause| SysError::Io {
             path: rel.to_string(),
-            cause: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        })?;
+            cause,
+        };
+        let name = Path::new(rel)
+            .file_name()
+            .ok_or_else(|| io(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+        let name = on_disk(name.to_str().expect("a name of text is text")).map_err(io)?;
         fs::read_link(dir.join(name))
-            .map(|t| t.to_string_lossy().into_owned())
-            .map_err(|cause| SysError::Io {
-                path: rel.to_string(),
-                cause,
-            })
+            .map(|t| text_of(&t).into_owned())
+            .map_err(io)
     }
 
     /// True when `rel` exists (after resolving links) inside the root.
@@ -914,8 +934,9 @@ fn list_beneath(
             let raw = &buf[at + 19..at + reclen];
             let name = &raw[..raw.iter().position(|b| *b == 0).unwrap_or(raw.len())];
             if name != b"." && name != b".." {
-                // A name that is not UTF-8 is listed as best it can be.
-                names.push(String::from_utf8_lossy(name).into_owned());
+                // A name that is not UTF-8 is listed as its text, which
+                // leads back to it (see [`crate::escape`]).
+                names.push(escape(name).into_owned());
             }
             at += reclen;
         }
@@ -939,14 +960,34 @@ fn openat2_works(dir: &std::os::fd::OwnedFd) -> bool {
     openat2_raw(dir, ".", libc::O_DIRECTORY).is_ok()
 }
 
-/// Calls `f` with `rel` as a NUL-terminated C string, built on the stack
-/// when it fits (every sysfs path does): one heap allocation less per call.
+/// The path on disk that the text `rel` names (see [`crate::escape`]); text
+/// that no path escapes to is refused, naming it.
+fn on_disk(rel: &str) -> std::io::Result<Cow<'_, Path>> {
+    text_path(rel).ok_or_else(|| not_a_path(rel))
+}
+
+/// The error for text that is no path's (see [`on_disk`]).
+fn not_a_path(rel: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{rel:?} is not the text of any path"),
+    )
+}
+
+/// Calls `f` with the path `rel` is the text of (see [`on_disk`]) as a
+/// NUL-terminated C string, built on the stack when it fits (every sysfs
+/// path does): one heap allocation less per call.
 fn with_c_path<T>(
     rel: &str,
     f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
-    let bytes = rel.as_bytes();
+    // Most paths hold no escape and are their own bytes.
+    let bytes = match rel.as_bytes().contains(&b'\\') {
+        false => Cow::Borrowed(rel.as_bytes()),
+        true => unescape(rel).ok_or_else(|| not_a_path(rel))?,
+    };
+    let bytes = &bytes[..];
     // A NUL inside would end the path early: refused, as `CString` would.
     if bytes.contains(&0) {
         return Err(invalid());
@@ -955,7 +996,7 @@ fn with_c_path<T>(
     // call cost as much as the copy.
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 512];
     if bytes.len() >= buf.len() {
-        return f(&std::ffi::CString::new(rel).map_err(|_| invalid())?);
+        return f(&std::ffi::CString::new(bytes).map_err(|_| invalid())?);
     }
     // SAFETY: `bytes` fits in `buf` with a byte to spare (checked above),
     // and the two do not overlap.

@@ -3,7 +3,8 @@
 use std::fs;
 use std::path::Path;
 
-/// Replaces (or appends) the `## <title>…` section of docs/benchmarks.md.
+/// Replaces (or appends) the section of docs/benchmarks.md headed
+/// `## <title>` or `## <title>: …`.
 pub fn write_section(title: &str, section: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md");
     let old = fs::read_to_string(&path).unwrap_or_else(|_| {
@@ -15,7 +16,11 @@ pub fn write_section(title: &str, section: &str) {
     let mut replaced = false;
     for line in old.lines() {
         if line.starts_with("## ") {
-            skipping = line.starts_with(&marker);
+            // The title whole, alone or before a `:`: "Device plugin" is
+            // not "Device plugin at the spec cap".
+            skipping = line
+                .strip_prefix(&marker)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'));
             if skipping && !replaced {
                 out.push_str(section);
                 out.push('\n');

@@ -224,7 +224,7 @@ impl Unpacker<'_> {
                 .path()
                 .map_err(|e| self.not_a_capture(e))?
                 .into_owned();
-            let name = path.to_string_lossy().into_owned();
+            let name = crate::escape::path_text(&path).into_owned();
             count += 1;
             if count > self.limits.max_entries {
                 return Err(ReplayError::TooManyEntries {

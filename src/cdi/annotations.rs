@@ -14,7 +14,7 @@
 //! | `pci-address` | `DDDD:BB:DD.F` | PCI endpoints |
 //! | `pcie-root` | the host bridge, `pciDDDD:BB` | PCI endpoints |
 //! | `numa` | the NUMA node (a VF with none takes its PF's) | when the kernel gave one |
-//! | `interface` | the netdev name(s), `+`-joined when one RDMA device has several | when it has one |
+//! | `interface` | the netdev name(s), `+`-joined when one RDMA device has several, each as the record writes it (a byte that is not UTF-8 as `\xNN`, a backslash as `\\`) | when it has one |
 //! | `parent` | a VF's PF, `DDDD:BB:DD.F` | VFs |
 //!
 //! Keys under the prefix that this release does not know are ignored, so a

@@ -181,7 +181,9 @@ fn device_link(root: &SysRoot, class: &str, name: &str) -> DeviceLink {
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
         return DeviceLink::Unresolved(format!("{name:?} is not a device name"));
     }
-    let link = format!("{class}/{name}/device");
+    // The name as the tool prints it; the sysfs reader takes a path's text,
+    // in which a backslash is written twice (see [`crate::escape`]).
+    let link = format!("{class}/{}/device", crate::escape::escape(name.as_bytes()));
     match root.resolve(&link) {
         Err(e) => DeviceLink::Unresolved(format!("resolving {link}: {e}")),
         Ok(target) => match pci::normalize(sysfs::basename(&target)) {

@@ -169,6 +169,53 @@ fn the_archive_holds_only_what_discovery_read() {
     assert!(!String::from_utf8_lossy(&flate2_decode(&bytes)).contains("SERIAL-NUMBER-1234"));
 }
 
+/// A netdev named with bytes that are not UTF-8 is archived under those
+/// bytes (and its links' targets with them), and the replay reads the same
+/// NICs as the host: both of `byte_names`, by the text of their names.
+#[test]
+fn a_capture_of_a_netdev_named_in_bytes_replays_to_the_same_record() {
+    round_trip("byte_names", |d| drop(fixtures::byte_names(d)));
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    drop(fixtures::byte_names(&root));
+    let archive = tmp.path().join("node.tar.gz");
+    capture("byte_names", &root, &archive);
+    let gz = flate2::read::GzDecoder::new(fs::File::open(&archive).unwrap());
+    let mut links = BTreeSet::new();
+    for e in tar::Archive::new(gz).entries().unwrap() {
+        let e = e.unwrap();
+        if let Some(target) = e.link_name_bytes() {
+            links.insert((e.path_bytes().into_owned(), target.into_owned()));
+        }
+    }
+    for (name, _) in fixtures::BYTE_NAMES {
+        let link = [&b"sysfs/class/net/"[..], name].concat();
+        let (_, target) = links
+            .iter()
+            .find(|(l, _)| *l == link)
+            .unwrap_or_else(|| panic!("no link {:?} in {links:?}", String::from_utf8_lossy(&link)));
+        assert!(
+            target.ends_with(&[&b"/net/"[..], name].concat()),
+            "{target:?}"
+        );
+    }
+    let o = nodefabric(&archive, &["inventory"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let record: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<_> = record["spec"]["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["name"].as_str().unwrap(),
+                i["rdmaDevice"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(names, [(r"eth\\xff0", "mlx5_1"), (r"eth\xff0", "mlx5_0")]);
+}
+
 /// The member names of a capture of the tree `build` makes.
 fn captured(build: impl FnOnce(&Path)) -> BTreeSet<String> {
     let tmp = tempfile::tempdir().unwrap();

@@ -143,6 +143,35 @@ fn every_published_device_reads_back_as_its_typed_annotations() {
     );
 }
 
+/// A netdev named with bytes that are not UTF-8 gives a schema-valid spec
+/// whose `interface` annotation, read back as the plugin and the DRA driver
+/// read it, leads to the name's exact bytes.
+#[test]
+fn an_interface_named_in_bytes_is_a_valid_annotation_naming_its_bytes() {
+    use nodefabric::cdi::Spec;
+    let dir = tempfile::tempdir().unwrap();
+    drop(fixtures::byte_names(dir.path()));
+    let specs = cdi_of(dir.path());
+    let spec = &specs["nodefabric-rdma.json"];
+    assert_valid(&validator(), spec);
+    let spec: Spec = serde_json::from_value(spec.clone()).unwrap();
+    let mut read = Vec::new();
+    for d in &spec.devices {
+        let typed = d
+            .endpoint(&spec.kind, Path::new("nodefabric-rdma.json"))
+            .unwrap();
+        for name in &typed.interfaces {
+            let bytes = nodefabric::escape::unescape(name).expect("the text of a name");
+            read.push((bytes.into_owned(), typed.rdma_device.clone()));
+        }
+    }
+    let want: Vec<_> = fixtures::BYTE_NAMES
+        .iter()
+        .map(|(name, ibdev)| (name.to_vec(), ibdev.to_string()))
+        .collect();
+    assert_eq!(read, want);
+}
+
 /// A reader's error names the spec file, the device and the annotation.
 #[test]
 fn a_malformed_annotation_is_an_error_naming_file_device_and_key() {

@@ -1277,3 +1277,53 @@ fn an_expiry_past_year_9999_is_a_one_line_error_naming_it() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A netdev name is any bytes but `/` and NUL: `eth<0xff>0` is one the
+/// kernel accepts and that is not UTF-8; beside it, a NIC named with the
+/// text `eth\xff0`. Both NICs are kept, with every fact read and their RDMA
+/// devices in the CDI spec, on the first pass and on the next.
+#[test]
+fn a_netdev_name_that_is_not_utf8_keeps_its_nic() {
+    let node = Node::new(|d| drop(fixtures::byte_names(d)));
+    // The names as text: each byte that is not UTF-8 as `\xNN`, a backslash doubled.
+    let want = [("mlx5_0", r"eth\xff0"), ("mlx5_1", r"eth\\xff0")];
+    for pass in 1..=2 {
+        let p = node.publish(&[]);
+        assert!(
+            p.labels.iter().any(|l| l.ends_with("/rdma.capable=true")),
+            "pass {pass}: {p:?}"
+        );
+        let spec: serde_json::Value = serde_json::from_str(
+            &fs::read_to_string(node.out.join("cdi/nodefabric-rdma.json")).unwrap(),
+        )
+        .unwrap();
+        let devices = spec["devices"].as_array().unwrap();
+        for (ibdev, name) in want {
+            let d = devices
+                .iter()
+                .find(|d| d["name"] == ibdev)
+                .unwrap_or_else(|| panic!("pass {pass}: no CDI device {ibdev}: {spec}"));
+            assert_eq!(
+                d["annotations"]["rdma.gpustack.ai/interface"], name,
+                "pass {pass}"
+            );
+        }
+        let record: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(node.out.join("state/record.json")).unwrap())
+                .unwrap();
+        let ifaces = record["spec"]["interfaces"].as_array().unwrap();
+        assert_eq!(ifaces.len(), 2, "pass {pass}: {record}");
+        for (ibdev, name) in want {
+            let i = ifaces
+                .iter()
+                .find(|i| i["name"] == name)
+                .unwrap_or_else(|| panic!("pass {pass}: no interface {name}: {record}"));
+            assert_eq!(i["rdmaDevice"], ibdev, "pass {pass}: {i}");
+            assert_eq!(i["mtu"], 9000, "pass {pass}: {i}");
+            assert_eq!(i["up"], true, "pass {pass}: {i}");
+            assert!(i.get("unreadable").is_none(), "pass {pass}: {i}");
+        }
+        let report = node.preflight(&[]);
+        assert!(!report.contains("could not read"), "pass {pass}: {report}");
+    }
+}

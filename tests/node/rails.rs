@@ -288,6 +288,36 @@ fn sysfs_paths_keep_every_tied_nic_and_name_the_source() {
     settings().bind(|| insta::assert_snapshot!("rails_gpu8.sysfs", out));
 }
 
+/// lldpctl prints an interface's own name; one holding a backslash (which
+/// the kernel allows) is still looked up in sysfs by that name, although
+/// the sysfs reader takes names as escaped text.
+#[test]
+fn an_lldp_interface_whose_name_holds_a_backslash_is_found_in_sysfs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("sys");
+    let name = |i: u32| format!("eth\\r{}_p{}", i / 2, i % 2);
+    fixtures::gpu8_named(&root, |i, _| name(i));
+    let n = Node {
+        root,
+        dir: tmp.path().to_path_buf(),
+        _tmp: tmp,
+    };
+    let names: Vec<String> = (0..8).map(name).collect();
+    let lldp = n.lldp(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = ok(n.rails(&[
+        "--lldp-json",
+        lldp.to_str().unwrap(),
+        "--interface-regex",
+        r"^eth\\r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+        "--sysfs-paths",
+    ]));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["nics"].as_object().unwrap().len(), 8, "{out}");
+    assert_eq!(r["nics"]["0000:13:00.0"], json!(["rail0"]), "{out}");
+}
+
 #[test]
 fn nvidia_smi_outputs_give_uuids_and_classes_and_extra_nics_are_ignored() {
     let n = Node::new();

@@ -8,19 +8,34 @@
 //! dangling link an error. The fast paths (the pass's resolution cache, one
 //! `openat2` for a target of several names, link texts parsed in place) may
 //! only ever agree with that reference.
+//!
+//! Two of the names are not text as they are (a name may be any bytes but
+//! `/` and NUL): `SysRoot` is asked by their escaped text, and answers in it.
 
+use nodefabric::escape::{escape, path_text};
 use nodefabric::sysfs::{SysError, SysRoot};
 use proptest::prelude::*;
+use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-/// Names the generated paths are made of: folders `a`, `b`, `c` (every
-/// one of them to depth three, each holding a file `f`), and links `l`,
-/// `m` placed at random, so most asked paths exist and many pass links.
-const NAMES: [&str; 6] = ["a", "b", "c", "f", "l", "m"];
+/// Names the generated paths are made of: folders `a`, `b`, `c<0xff>`
+/// (every one of them to depth three, each holding a file `f`), and links
+/// `l`, `m\` placed at random, so most asked paths exist and many pass links.
+const NAMES: [&[u8]; 6] = [b"a", b"b", b"c\xff", b"f", b"l", b"m\\"];
 
+/// The path on disk, relative.
+fn disk_path_of(ix: &[usize]) -> PathBuf {
+    ix.iter().map(|&i| OsStr::from_bytes(NAMES[i])).collect()
+}
+
+/// The path as `SysRoot` takes it: each name's text.
 fn path_of(ix: &[usize]) -> String {
-    ix.iter().map(|&i| NAMES[i]).collect::<Vec<_>>().join("/")
+    ix.iter()
+        .map(|&i| escape(NAMES[i]))
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// A link named `l` or `m` in the folder `at`, whose text climbs `up`
@@ -75,21 +90,20 @@ fn build(root: &Path, links: &[Link]) {
     for d1 in 0..3 {
         for d2 in 0..3 {
             for d3 in 0..3 {
-                fs::create_dir_all(root.join(path_of(&[d1, d2, d3]))).unwrap();
+                fs::create_dir_all(root.join(disk_path_of(&[d1, d2, d3]))).unwrap();
                 for p in [vec![d1], vec![d1, d2], vec![d1, d2, d3]] {
-                    fs::write(root.join(path_of(&p)).join("f"), "7\n").unwrap();
+                    fs::write(root.join(disk_path_of(&p)).join("f"), "7\n").unwrap();
                 }
             }
         }
     }
     for l in links {
-        let folder = root.join(path_of(&l.at));
-        let at = folder.join(NAMES[l.name]);
+        let folder = root.join(disk_path_of(&l.at));
+        let at = folder.join(OsStr::from_bytes(NAMES[l.name]));
         if fs::symlink_metadata(&at).is_err() {
-            let _ = std::os::unix::fs::symlink(
-                format!("{}{}", "../".repeat(l.up), path_of(&l.rest)),
-                at,
-            );
+            let mut text: PathBuf = std::iter::repeat_n("..", l.up).collect();
+            text.push(disk_path_of(&l.rest));
+            let _ = std::os::unix::fs::symlink(text, at);
         }
     }
 }
@@ -102,10 +116,10 @@ enum Answer {
     Missing,
 }
 
-fn reference(root: &Path, rel: &str) -> Answer {
+fn reference(root: &Path, rel: &Path) -> Answer {
     match fs::canonicalize(root.join(rel)) {
         Ok(p) => match p.strip_prefix(root) {
-            Ok(r) => Answer::Inside(r.to_string_lossy().into_owned()),
+            Ok(r) => Answer::Inside(path_text(r).into_owned()),
             Err(_) => Answer::Escapes,
         },
         Err(_) => Answer::Missing,
@@ -148,12 +162,12 @@ proptest! {
         for round in 0..2 {
             for q in &queries {
                 let rel = path_of(q);
-                let want = reference(&root, &rel);
+                let want = reference(&root, &disk_path_of(q));
                 prop_assert_eq!(&ours(&sys, &rel), &want, "round {}: resolve {}", round, rel);
                 // A read lands where resolution does, or fails as it does.
                 let read = sys.read(&rel);
                 match &want {
-                    Answer::Inside(p) if root.join(p).is_file() => prop_assert_eq!(read.ok(), Some("7\n".to_string()), "read {}", rel),
+                    Answer::Inside(_) if root.join(disk_path_of(q)).is_file() => prop_assert_eq!(read.ok(), Some("7\n".to_string()), "read {}", rel),
                     Answer::Escapes => prop_assert!(matches!(read, Err(SysError::Escapes { .. })), "read {} escaped: {:?}", rel, read),
                     _ => prop_assert!(read.is_err(), "read {}: {:?}", rel, read),
                 }

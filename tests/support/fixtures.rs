@@ -7,6 +7,7 @@
 //! Included with `#[path]` by each user, so not every helper is used by each.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -40,11 +41,12 @@ pub struct Tree {
 
 /// The relative link text from the folder holding `link` to `target`, both
 /// relative to the tree root (what the kernel's sysfs links look like).
-fn relative(link: &str, target: &str) -> String {
-    let depth = Path::new(link)
-        .parent()
-        .map_or(0, |p| p.components().count());
-    format!("{}{}", "../".repeat(depth), target)
+/// Paths, not text: a netdev name may be any bytes but `/` and NUL.
+fn relative(link: &Path, target: &Path) -> PathBuf {
+    let depth = link.parent().map_or(0, |p| p.components().count());
+    let mut text: PathBuf = std::iter::repeat_n("..", depth).collect();
+    text.push(target);
+    text
 }
 
 impl Tree {
@@ -74,6 +76,11 @@ impl Tree {
 
     /// Writes an attribute with the kernel's trailing newline.
     pub fn write(&self, rel: &str, value: &str) {
+        self.write_at(Path::new(rel), value);
+    }
+
+    /// [`Tree::write`] at a path of any bytes.
+    pub fn write_at(&self, rel: &Path, value: &str) {
         let p = self.root.join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(p, format!("{value}\n")).unwrap();
@@ -81,6 +88,11 @@ impl Tree {
 
     /// A relative symlink at `link` pointing to `target` (both root-relative).
     pub fn link(&self, link: &str, target: &str) {
+        self.link_at(Path::new(link), Path::new(target));
+    }
+
+    /// [`Tree::link`] between paths of any bytes.
+    pub fn link_at(&self, link: &Path, target: &Path) {
         let p = self.root.join(link);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
         let _ = fs::remove_file(&p);
@@ -130,16 +142,20 @@ impl Tree {
 
     /// A network interface `name` on device folder `dev`.
     pub fn netdev(&self, dev: &str, name: &str, mtu: u32, up: bool) {
-        let net = format!("{dev}/net/{name}");
-        self.write(&format!("{net}/mtu"), &mtu.to_string());
-        self.write(&format!("{net}/operstate"), if up { "up" } else { "down" });
-        self.write(
-            &format!("{net}/flags"),
-            if up { "0x1003" } else { "0x1002" },
-        );
-        self.link(&format!("{net}/device"), dev);
-        self.link(&format!("{net}/subsystem"), "class/net");
-        self.link(&format!("class/net/{name}"), &net);
+        self.netdev_named(dev, OsStr::new(name), mtu, up);
+    }
+
+    /// [`Tree::netdev`] with a name of any bytes the kernel allows in one
+    /// (all but `/` and NUL), UTF-8 or not.
+    pub fn netdev_named(&self, dev: &str, name: &OsStr, mtu: u32, up: bool) {
+        let net = Path::new(dev).join("net").join(name);
+        self.write_at(&net.join("mtu"), &mtu.to_string());
+        self.write_at(&net.join("operstate"), if up { "up" } else { "down" });
+        let flags = if up { "0x1003" } else { "0x1002" };
+        self.write_at(&net.join("flags"), flags);
+        self.link_at(&net.join("device"), Path::new(dev));
+        self.link_at(&net.join("subsystem"), Path::new("class/net"));
+        self.link_at(&Path::new("class/net").join(name), &net);
     }
 
     /// A software interface under `devices/virtual/net`.
@@ -428,6 +444,29 @@ pub fn no_accelerator(dir: &Path) -> Tree {
         0x068000,
         0,
     );
+    t
+}
+
+/// The byte names of [`byte_names`]' two NICs, with their RDMA devices.
+pub const BYTE_NAMES: [(&[u8], &str); 2] = [(b"eth\xff0", "mlx5_0"), (b"eth\\xff0", "mlx5_1")];
+
+/// Two NICs named as the kernel allows and text does not hold as it is:
+/// `eth<0xff>0`, which is not UTF-8, and the text `eth\xff0` (a backslash is
+/// allowed too), which the first one's escaped text must not be taken for.
+pub fn byte_names(dir: &Path) -> Tree {
+    use std::os::unix::ffi::OsStrExt;
+    let t = Tree::new(dir);
+    for (bus, (name, ibdev)) in (1..).zip(BYTE_NAMES) {
+        let nic = t.pci(
+            &[&addr(0, bus, 0), &addr(bus, 0, 0)],
+            MELLANOX,
+            0x1017,
+            CLASS_ETH,
+            0,
+        );
+        t.netdev_named(&nic, OsStr::from_bytes(name), 9000, true);
+        t.rdma(&nic, ibdev, &[UP]);
+    }
     t
 }
 
