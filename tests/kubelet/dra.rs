@@ -10,6 +10,7 @@ use crate::support::dra::{place, Driver, Place, DRIVER};
 use crate::support::fixtures;
 use crate::support::grpcgo::{Answer, GoConn};
 use crate::support::kubelet::within;
+use crate::support::os::http_get;
 use crate::support::published::{publish, Dirs};
 use nodefabric::dra::api::{v1, v1beta1};
 use nodefabric::kubelet::registration_api::{InfoRequest, PluginInfo, RegistrationStatus};
@@ -114,7 +115,14 @@ async fn register(p: &Place) -> PluginInfo {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without_churn() {
     let s = setup();
-    let driver = Driver::start(&s.place, &["--interval", "1s"]);
+    let probes = crate::support::os::free_addr();
+    let driver = Driver::start(&s.place, &["--interval", "1s", "--metrics-addr", &probes]);
+    driver.wait_for("the probes", || {
+        std::net::TcpStream::connect(&probes).is_ok()
+    });
+    let (code, why) = http_get(&probes, "/readyz");
+    assert_eq!(code, 503);
+    assert!(why.contains("not registered with kubelet"), "{why}");
     let info = register(&s.place).await;
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, DRIVER);
@@ -187,6 +195,21 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
     driver.wait_for("the slices restored", || slices(&s.cluster).len() == 1);
     let restored = slices(&s.cluster);
     assert!(restored[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
+    driver.wait_for("/readyz 200", || http_get(&probes, "/readyz").0 == 200);
+    let (_, metrics) = http_get(&probes, "/metrics");
+    assert!(metrics.contains("nodefabric_dra_registered 1"), "{metrics}");
+
+    // A kubelet restart that cleaned its folders: both sockets come back and
+    // kubelet's plugin watcher registers the driver again.
+    std::fs::remove_file(s.place.registration()).unwrap();
+    std::fs::remove_file(s.place.service()).unwrap();
+    driver.wait_for("the sockets served again", || {
+        s.place.registration().exists() && s.place.service().exists()
+    });
+    assert_eq!(register(&s.place).await.name, DRIVER);
+    driver.wait_for("/readyz 200 again", || {
+        http_get(&probes, "/readyz").0 == 200
+    });
 }
 
 /// Deletes every ResourceSlice of the node as kubelet does when it starts:

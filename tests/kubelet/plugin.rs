@@ -4,8 +4,8 @@
 //! the test then calls the plugin over its Unix sockets. The CDI specs are
 //! written by the real `nodefabric publish` on fixture trees.
 
-use crate::support::kubelet::{self, within, Kubelet};
-use crate::support::os::{free_addr, make_fifo};
+use crate::support::kubelet::{within, Kubelet};
+use crate::support::os::{free_addr, http_get, make_fifo};
 use crate::support::plugin::Plugin;
 use crate::support::published::{publish, Dirs};
 use crate::support::{fixtures, mount};
@@ -763,22 +763,6 @@ async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, log) = plugin.terminate();
     assert_eq!(log.matches("CDI does not allow").count(), 1, "{log}");
-}
-
-/// One HTTP/1.0 GET, as a probe or a scraper makes it: (status, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(kubelet::WAIT)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// A plugin that reaches the kubelet folder and the CDI folder by the paths

@@ -1,0 +1,309 @@
+//! Benchmark: the DRA driver (`nodefabric-dra`, release binary) against the
+//! in-test API server: time from start to the pool's slices on the server,
+//! slice writes per spec change (against the slices a change touches),
+//! requests while idle, idle RSS, and Prepare/Unprepare latency of one
+//! claim over the driver's Unix socket (one claim GET each). Writes
+//! docs/benchmarks.md's DRA section. Run with `cargo bench --bench dra`.
+
+#[path = "../tests/support/apiserver.rs"]
+mod apiserver;
+#[path = "../tests/support/apiserver_rbac.rs"]
+mod apiserver_rbac;
+#[path = "../tests/support/fixtures.rs"]
+mod fixtures;
+#[path = "support/proc.rs"]
+mod proc_status;
+#[path = "support/report.rs"]
+mod report;
+
+use apiserver::{ApiServer, TOKEN};
+use nodefabric::dra::api::v1;
+use nodefabric::kubelet::socket;
+use proc_status::rss_kib;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-a";
+const DRIVER: &str = "rdma.gpustack.ai";
+const CLAIMS: usize = 500;
+const CHANGES: usize = 10;
+
+/// `nodefabric publish` of a fixture's CDI specs into `cdi`.
+fn publish(tree: &Path, cdi: &Path, state: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["publish", "--sysfs-root"])
+        .arg(tree)
+        .arg("--features-dir")
+        .arg(state.join("f"))
+        .arg("--state-dir")
+        .arg(state.join("s"))
+        .arg("--cdi-dir")
+        .arg(cdi)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn devices_published(cdi: &Path) -> usize {
+    ["nodefabric-rdma.json", "nodefabric-rdma-vf.json"]
+        .iter()
+        .filter_map(|f| std::fs::read(cdi.join(f)).ok())
+        .map(|b| {
+            serde_json::from_slice::<Value>(&b).unwrap()["devices"]
+                .as_array()
+                .unwrap()
+                .len()
+        })
+        .sum()
+}
+
+fn devices_on_server(api: &ApiServer) -> usize {
+    api.with(|s| {
+        s.resource_slices()
+            .iter()
+            .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum()
+    })
+}
+
+fn slice_writes(api: &ApiServer) -> usize {
+    api.log()
+        .iter()
+        .filter(|l| l.path.contains("/resourceslices") && l.method != "GET")
+        .count()
+}
+
+fn start(root: &Path, cdi: &Path, kubeconfig: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_nodefabric-dra"))
+        .args(["--node-name", NODE, "--interval", "1h"])
+        .arg("--kubelet-root-dir")
+        .arg(root.join("kubelet"))
+        .arg("--cdi-dir")
+        .arg(cdi)
+        .arg("--state-dir")
+        .arg(root.join("dra-state"))
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Flips the link annotation of the first device of the whole-interface
+/// spec, written as the publisher writes: a dot-file and a rename.
+fn flip(cdi: &Path, round: usize) {
+    let path = cdi.join("nodefabric-rdma.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["devices"][0]["annotations"]["rdma.gpustack.ai/link"] =
+        Value::from(if round.is_multiple_of(2) {
+            "Failed"
+        } else {
+            "OK"
+        });
+    let tmp = cdi.join(".nodefabric-rdma.json.bench");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+/// One pool size: start to slices, writes per change, idle.
+struct PoolRun {
+    name: &'static str,
+    devices: usize,
+    slices: usize,
+    start_to_slices: Duration,
+    writes_per_change: f64,
+    idle_requests: usize,
+    idle_rss_kib: u64,
+}
+
+fn pool_run(name: &'static str, tmp: &Path, fixture: impl FnOnce(&Path)) -> PoolRun {
+    let dir = tmp.join(name);
+    let (tree, cdi) = (dir.join("sys"), dir.join("cdi"));
+    fixture(&tree);
+    publish(&tree, &cdi, &dir.join("publisher"));
+    let devices = devices_published(&cdi);
+    let api = ApiServer::start();
+    api.add_node(NODE);
+    let kubeconfig = api.kubeconfig(&dir, TOKEN, "default");
+    let started = Instant::now();
+    let mut child = start(&dir, &cdi, &kubeconfig);
+    wait_until("the slices", || devices_on_server(&api) == devices);
+    let start_to_slices = started.elapsed();
+    let slices = api.with(|s| s.resource_slices().len());
+
+    let before = slice_writes(&api);
+    for round in 0..CHANGES {
+        let seen = api.with(|s| s.resource_slices()[0]["metadata"]["uid"].clone());
+        flip(&cdi, round);
+        wait_until("the new generation", || {
+            api.with(|s| {
+                let now = s.resource_slices();
+                now.len() == slices && now.iter().all(|x| x["metadata"]["uid"] != seen)
+            })
+        });
+    }
+    let writes_per_change = (slice_writes(&api) - before) as f64 / CHANGES as f64;
+
+    std::thread::sleep(Duration::from_secs(3));
+    let requests = api.log().len();
+    std::thread::sleep(Duration::from_secs(20));
+    let idle_requests = api.log().len() - requests;
+    let idle_rss_kib = rss_kib(child.id(), "VmRSS:");
+    let _ = child.kill();
+    let _ = child.wait();
+    PoolRun {
+        name,
+        devices,
+        slices,
+        start_to_slices,
+        writes_per_change,
+        idle_requests,
+        idle_rss_kib,
+    }
+}
+
+/// Prepare then Unprepare of one claim at a time, each a new claim.
+async fn claims(tmp: &Path) -> (Vec<Duration>, Vec<Duration>, u64) {
+    let dir = tmp.join("claims");
+    let (tree, cdi) = (dir.join("sys"), dir.join("cdi"));
+    fixtures::gpu8_switch_paired(&tree);
+    publish(&tree, &cdi, &dir.join("publisher"));
+    let api = ApiServer::start();
+    api.add_node(NODE);
+    let kubeconfig = api.kubeconfig(&dir, TOKEN, "default");
+    let mut child = start(&dir, &cdi, &kubeconfig);
+    wait_until("the slices", || devices_on_server(&api) > 0);
+    let device = api.with(|s| {
+        s.resource_slices()[0]["spec"]["devices"][0]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    });
+    let service = dir.join("kubelet/plugins").join(DRIVER).join("dra.sock");
+    let mut client =
+        v1::dra_plugin_client::DraPluginClient::new(socket::connect(&service).await.unwrap());
+    let (mut prepare, mut unprepare) = (Vec::new(), Vec::new());
+    for i in 0..CLAIMS {
+        let name = format!("claim-{i}");
+        let uid = api.with(|s| s.put_claim("bench", &name, &[(DRIVER, NODE, &device, "nic")]));
+        let claim = v1::Claim {
+            namespace: "bench".into(),
+            name,
+            uid: uid.clone(),
+        };
+        let t = Instant::now();
+        let answer = client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                claims: vec![claim.clone()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        prepare.push(t.elapsed());
+        assert_eq!(answer.claims[&uid].error, "");
+        let t = Instant::now();
+        let answer = client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                claims: vec![claim],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        unprepare.push(t.elapsed());
+        assert_eq!(answer.claims[&uid].error, "");
+    }
+    let peak = rss_kib(child.id(), "VmHWM:");
+    let _ = child.kill();
+    let _ = child.wait();
+    (prepare, unprepare, peak)
+}
+
+fn main() {
+    let tmp = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let runs = [
+        pool_run("gpu8", tmp.path(), |t| {
+            fixtures::gpu8_switch_paired(t);
+        }),
+        pool_run("large512", tmp.path(), |t| {
+            fixtures::large(t, 512);
+        }),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut prepare, mut unprepare, peak) = runtime.block_on(claims(tmp.path()));
+
+    let mut section = String::from(
+        "## DRA driver: `nodefabric-dra`\n\n\
+         `cargo bench --bench dra`: the release binary against the in-test API server \
+         (`tests/support/apiserver.rs`, TLS, in the bench's own process, so its work is in the \
+         figures), `--interval 1h` and the default 10 s poll, so every write below comes from a \
+         spec change. Pools: the 8-GPU fixture and `fixtures::large(512)`, as `nodefabric publish` \
+         wrote their specs. Start to slices: from spawning the driver to every device on the \
+         server (the API answers at once). A change: the first device's `link` annotation \
+         flipped in the whole-interface spec (dot-file and rename, as the publisher writes), \
+         waited for until every slice is of the new generation; a change touches every slice of \
+         the pool (each carries the pool generation), and each is created once (new generation) \
+         and deleted once (old), never rewritten. Idle: 20 s with nothing changing, after 3 s of \
+         rest; RSS from /proc/PID/status. Claims: ",
+    );
+    section.push_str(&format!(
+        "{CLAIMS} claims of one device each on the 8-GPU pool, each prepared (one claim GET, its \
+         NCCL_IB_HCA spec written, the checkpoint written with fsync) and then unprepared, over one \
+         connection to the driver's Unix socket, timed at the client. Targets: Prepare p99 ≤ 5 ms, \
+         writes per change ≤ slices touched, idle RSS ≤ 15 MiB, start to slices ≤ 1 s.\n\n"
+    ));
+    section.push_str("| pool | devices | slices | start → slices | slice writes per change (slices touched × create + delete) | API requests while idle | idle RSS |\n|---|---|---|---|---|---|---|\n");
+    for r in &runs {
+        section.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1} ({} × 2) | {} | {:.1} MiB |\n",
+            r.name,
+            r.devices,
+            r.slices,
+            ms(r.start_to_slices),
+            r.writes_per_change,
+            r.slices,
+            r.idle_requests,
+            r.idle_rss_kib as f64 / 1024.0
+        ));
+    }
+    section.push_str(&format!(
+        "\n| claims | p50 | p99 | max |\n|---|---|---|---|\n| Prepare (target p99 ≤ 5 ms) | {} | {} | {} |\n| Unprepare | {} | {} | {} |\n\nPeak RSS over the claims run: {:.1} MiB.\n",
+        ms(pct(&mut prepare, 0.5)),
+        ms(pct(&mut prepare, 0.99)),
+        ms(pct(&mut prepare, 1.0)),
+        ms(pct(&mut unprepare, 0.5)),
+        ms(pct(&mut unprepare, 0.99)),
+        ms(pct(&mut unprepare, 1.0)),
+        peak as f64 / 1024.0,
+    ));
+    print!("{section}");
+    report::write_section("DRA driver", &section);
+}
