@@ -114,9 +114,14 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 }
 
 /// Flips the link annotation of the first device of the whole-interface
-/// spec, written as the publisher writes: a dot-file and a rename.
+/// spec (the VF spec where there is none), written as the publisher writes:
+/// a dot-file and a rename.
 fn flip(cdi: &Path, round: usize) {
-    let path = cdi.join("nodefabric-rdma.json");
+    let name = ["nodefabric-rdma.json", "nodefabric-rdma-vf.json"]
+        .into_iter()
+        .find(|f| cdi.join(f).exists())
+        .expect("a published spec");
+    let path = cdi.join(name);
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     spec["devices"][0]["annotations"]["rdma.gpustack.ai/link"] =
         Value::from(if round.is_multiple_of(2) {
@@ -124,7 +129,7 @@ fn flip(cdi: &Path, round: usize) {
         } else {
             "OK"
         });
-    let tmp = cdi.join(".nodefabric-rdma.json.bench");
+    let tmp = cdi.join(format!(".{name}.bench"));
     std::fs::write(&tmp, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
     std::fs::rename(tmp, path).unwrap();
 }
@@ -268,7 +273,7 @@ fn main() {
          spec change. Pools: the 8-GPU fixture and `fixtures::large(512)`, as `nodefabric publish` \
          wrote their specs. Start to slices: from spawning the driver to every device on the \
          server (the API answers at once). A change: the first device's `link` annotation \
-         flipped in the whole-interface spec (dot-file and rename, as the publisher writes), \
+         flipped in the whole-interface spec (the VF spec for `large(512)`, which has no other; dot-file and rename, as the publisher writes), \
          waited for until every slice is of the new generation; a change touches every slice of \
          the pool (each carries the pool generation), and each is created once (new generation) \
          and deleted once (old), never rewritten. Idle: 20 s with nothing changing, after 3 s of \

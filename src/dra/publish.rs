@@ -31,10 +31,21 @@ pub struct Outcome {
     pub generation: i64,
 }
 
-/// The devices last sent and the form the server kept of them.
+/// Digests of the devices last sent and of the form the server kept of
+/// them: digests, not copies, so a large pool is not held three times.
 struct LastWrite {
-    sent: Vec<Device>,
-    kept: Vec<Device>,
+    sent: u64,
+    kept: u64,
+}
+
+/// A digest of devices, from their JSON (the API types do not hash).
+fn digest(devices: &[Device]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(devices)
+        .expect("API devices serialise")
+        .hash(&mut h);
+    h.finish()
 }
 
 /// Reconciles one node's pool of one driver.
@@ -99,7 +110,7 @@ impl Reconciler {
                     || self
                         .last
                         .as_ref()
-                        .is_some_and(|l| l.sent == wanted && l.kept == on_server)
+                        .is_some_and(|l| l.sent == digest(&wanted) && l.kept == digest(&on_server))
             });
         let (keep, created, generation) = if in_place {
             (current, 0, latest.unwrap_or_default())
@@ -163,8 +174,8 @@ impl Reconciler {
         }
         self.written = generation;
         self.last = Some(LastWrite {
-            sent: wanted.to_vec(),
-            kept,
+            sent: digest(wanted),
+            kept: digest(&kept),
         });
         info!(
             pool = self.node,

@@ -414,6 +414,10 @@ impl Driver {
                 self.reconcile_retry.succeeded();
                 self.observed
                     .reconciled(done.created + done.deleted, done.generation);
+                if done.created + done.deleted > 0 {
+                    // The generation's JSON, requests and answers are dropped.
+                    crate::kubelet::release_freed_memory();
+                }
                 self.quiet
                     .clear("slices", || "ResourceSlices published".into());
             }

@@ -130,17 +130,6 @@ pub fn list_bytes(catalog: &Catalog, resource: Resource) -> usize {
 /// the message has been encoded and written).
 const TRIM_AFTER: Duration = Duration::from_secs(1);
 
-/// Hands the heap pages freed after a large list (built, encoded, dropped)
-/// back to the OS, so the plugin idles near what its catalog needs.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; it only walks the allocator's
-    // own free lists and may be called from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -217,7 +206,7 @@ impl DevicePlugin for ResourceService {
                         _ = tx.closed() => return,
                         _ = tokio::time::sleep(TRIM_AFTER), if trim_pending => {
                             trim_pending = false;
-                            release_freed_memory();
+                            crate::kubelet::release_freed_memory();
                         }
                     }
                 }
