@@ -57,6 +57,7 @@ impl World {
             kubeconfig,
             broker_kubeconfig,
             observer_kubeconfig,
+            ..
         } = Cluster::start(&dir);
         let w = World {
             api,

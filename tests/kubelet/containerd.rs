@@ -267,7 +267,7 @@ async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdma: &str) -> Prepared {
     use nodefabric::dra::api::v1;
     let cluster = crate::support::cluster::Cluster::start(dir);
     cluster.api.add_node("node-a");
-    let place = place(dir, cdi_dir, &cluster.kubeconfig, "node-a");
+    let place = place(dir, cdi_dir, &cluster.dra_kubeconfig, "node-a");
     let driver = Driver::start(&place, &["--interval", "1h"]);
     let device = std::sync::Mutex::new(String::new());
     driver.wait_for("the slices", || {

@@ -36,7 +36,7 @@ fn setup() -> Setup {
     let cluster = Cluster::start(tmp.path());
     cluster.api.add_node(NODE);
     let dirs = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
-    let place = place(tmp.path(), &dirs.cdi(), &cluster.kubeconfig, NODE);
+    let place = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, NODE);
     Setup {
         cluster,
         dirs,

@@ -62,12 +62,14 @@ fn list_has(list: &[String], v: &str) -> bool {
 }
 
 impl Rbac {
-    /// Loads every Role, ClusterRole and binding from the deploy/ folder.
+    /// Loads every Role, ClusterRole and binding from the deploy/ folder and
+    /// its DRA component (whose account is the DRA driver's alone).
     pub fn from_deploy() -> Rbac {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
         let mut docs: Vec<Value> = Vec::new();
-        let mut names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
+        let mut names: Vec<_> = [dir.clone(), dir.join("components/dra")]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).unwrap())
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
             .collect();

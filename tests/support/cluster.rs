@@ -11,6 +11,8 @@ pub const NS: &str = "nodefabric";
 pub const BROKER: &str = "nodefabric";
 /// The observer Deployment and its ServiceAccount.
 pub const OWNER: &str = "nodefabric-observer";
+/// The DRA driver DaemonSet's ServiceAccount (deploy/components/dra).
+pub const DRA: &str = "nodefabric-dra";
 
 /// A running API stand-in and the kubeconfigs written for it.
 pub struct Cluster {
@@ -21,6 +23,8 @@ pub struct Cluster {
     pub broker_kubeconfig: PathBuf,
     /// The observer Deployment's ServiceAccount, under deploy/'s RBAC.
     pub observer_kubeconfig: PathBuf,
+    /// The DRA driver's ServiceAccount, under its component's RBAC.
+    pub dra_kubeconfig: PathBuf,
 }
 
 impl Cluster {
@@ -30,11 +34,13 @@ impl Cluster {
         let kubeconfig = api.kubeconfig(dir, TOKEN, NS);
         let broker_kubeconfig = api.kubeconfig(dir, &api.account_token(NS, BROKER), NS);
         let observer_kubeconfig = api.kubeconfig(dir, &api.account_token(NS, OWNER), NS);
+        let dra_kubeconfig = api.kubeconfig(dir, &api.account_token(NS, DRA), NS);
         Cluster {
             api,
             kubeconfig,
             broker_kubeconfig,
             observer_kubeconfig,
+            dra_kubeconfig,
         }
     }
 }
