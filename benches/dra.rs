@@ -13,6 +13,9 @@ mod apiserver_rbac;
 mod fixtures;
 #[path = "support/proc.rs"]
 mod proc_status;
+#[path = "../tests/support/published.rs"]
+#[allow(dead_code)]
+mod published;
 #[path = "support/report.rs"]
 mod report;
 
@@ -20,6 +23,7 @@ use apiserver::{ApiServer, TOKEN};
 use nodefabric::dra::api::v1;
 use nodefabric::kubelet::socket;
 use proc_status::rss_kib;
+use published::publish;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -29,27 +33,6 @@ const NODE: &str = "node-a";
 const DRIVER: &str = "rdma.gpustack.ai";
 const CLAIMS: usize = 500;
 const CHANGES: usize = 10;
-
-/// `nodefabric publish` of a fixture's CDI specs into `cdi`.
-fn publish(tree: &Path, cdi: &Path, state: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["publish", "--sysfs-root"])
-        .arg(tree)
-        .arg("--features-dir")
-        .arg(state.join("f"))
-        .arg("--state-dir")
-        .arg(state.join("s"))
-        .arg("--cdi-dir")
-        .arg(cdi)
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn devices_published(cdi: &Path) -> usize {
     ["nodefabric-rdma.json", "nodefabric-rdma-vf.json"]
@@ -149,7 +132,7 @@ fn pool_run(name: &'static str, tmp: &Path, fixture: impl FnOnce(&Path)) -> Pool
     let dir = tmp.join(name);
     let (tree, cdi) = (dir.join("sys"), dir.join("cdi"));
     fixture(&tree);
-    publish(&tree, &cdi, &dir.join("publisher"));
+    publish(&tree, &cdi);
     let devices = devices_published(&cdi);
     let api = ApiServer::start();
     api.add_node(NODE);
@@ -196,7 +179,7 @@ async fn claims(tmp: &Path) -> (Vec<Duration>, Vec<Duration>, u64) {
     let dir = tmp.join("claims");
     let (tree, cdi) = (dir.join("sys"), dir.join("cdi"));
     fixtures::gpu8_switch_paired(&tree);
-    publish(&tree, &cdi, &dir.join("publisher"));
+    publish(&tree, &cdi);
     let api = ApiServer::start();
     api.add_node(NODE);
     let kubeconfig = api.kubeconfig(&dir, TOKEN, "default");

@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use tracing::error;
 
 /// Serves the RDMA endpoints `nodefabric publish` describes in its CDI specs
 /// as Dynamic Resource Allocation devices (`resource.k8s.io/v1`), so one
@@ -172,27 +171,7 @@ impl DraCli {
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
     let cli = DraCli::parse();
-    crate::logging::init(cli.log_level);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            error!("starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let outcome: anyhow::Result<()> = runtime.block_on(async {
-        let shutdown = signals::shutdown()?;
-        server::run(cli.config(), shutdown).await?;
-        Ok(())
-    });
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    signals::run_until_shutdown(cli.log_level, |shutdown| {
+        server::run(cli.config(), shutdown)
+    })
 }

@@ -33,3 +33,51 @@ pub fn shutdown() -> Result<impl Future<Output = ()>, SignalError> {
         }
     })
 }
+
+/// The `main` both kubelet plugins share: stderr logging at `level`, a
+/// one-thread runtime, the shutdown handlers, then `serve` until a signal.
+/// An error is logged once with its causes (`outer: cause: …`) and the exit
+/// status is 1.
+pub fn run_until_shutdown<F, Fut, E>(level: tracing::Level, serve: F) -> std::process::ExitCode
+where
+    F: FnOnce(std::pin::Pin<Box<dyn Future<Output = ()>>>) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::error::Error,
+{
+    crate::logging::init(level);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match shutdown() {
+            Ok(signal) => serve(Box::pin(signal)).await.map_err(|e| chain(&e)),
+            Err(e) => Err(chain(&e)),
+        }
+    });
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(text) => {
+            tracing::error!("{text}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its sources, `outer: cause: …`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

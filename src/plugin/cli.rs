@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use tracing::error;
 
 /// Serves RDMA tokens to kubelet from the CDI specs `nodefabric publish`
 /// writes: `<prefix>/rdma` (one whole interface), `<prefix>/rdma.shared`
@@ -159,27 +158,7 @@ impl PluginCli {
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
     let cli = PluginCli::parse();
-    crate::logging::init(cli.log_level);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            error!("starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let outcome: anyhow::Result<()> = runtime.block_on(async {
-        let shutdown = signals::shutdown()?;
-        server::run(cli.config(), shutdown).await?;
-        Ok(())
-    });
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    signals::run_until_shutdown(cli.log_level, |shutdown| {
+        server::run(cli.config(), shutdown)
+    })
 }

@@ -5,7 +5,6 @@
 
 use nodefabric::dra::api::{v1, v1beta1};
 use nodefabric::kubelet::socket;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -69,15 +68,7 @@ impl Driver {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
+        let (log, reader) = super::os::collect_stderr(&mut child);
         Driver {
             child,
             place: place.clone(),

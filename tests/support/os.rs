@@ -46,3 +46,25 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Collects a child's stderr line by line as it runs (so a test can see what
+/// it logs while idle): the lines so far, and the thread that reads them
+/// (ends when the child closes stderr).
+pub fn collect_stderr(
+    child: &mut std::process::Child,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    std::thread::JoinHandle<()>,
+) {
+    use std::io::BufRead;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let sink = log.clone();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            sink.lock().unwrap().push(line);
+        }
+    });
+    (log, reader)
+}

@@ -5,7 +5,6 @@ use super::kubelet::Kubelet;
 use super::published::Dirs;
 use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -36,15 +35,7 @@ impl Plugin {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
+        let (log, reader) = super::os::collect_stderr(&mut child);
         Plugin {
             child,
             kubelet_dir: kubelet_dir.to_path_buf(),
