@@ -471,3 +471,69 @@ async fn a_server_that_drops_an_attribute_is_said_once_and_not_rewritten_every_i
         .count();
     assert_eq!(said, 1, "{:#?}", driver.log_lines());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_over_128_devices_is_published_in_slices_the_server_validates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(tmp.path());
+    cluster.api.add_node(NODE);
+    let dirs = Dirs::published("large", |t| {
+        fixtures::large(t, 512);
+    });
+    let p = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, NODE);
+    let driver = Driver::start(&p, &["--interval", "1h"]);
+    let want = published_cdi_ids(&dirs.cdi()).len();
+    assert!(want > 3 * 128, "{want} devices");
+    driver.wait_for("every device", || {
+        slices(&cluster)
+            .iter()
+            .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum::<usize>()
+            == want
+    });
+    let all = slices(&cluster);
+    let count = all.len() as i64;
+    assert_eq!(count, want.div_ceil(128) as i64);
+    for s in &all {
+        assert!(s["spec"]["devices"].as_array().unwrap().len() <= 128);
+        assert_eq!(s["spec"]["pool"]["resourceSliceCount"], count);
+    }
+    assert!(
+        cluster.api.log().iter().all(|l| l.status != 422),
+        "the server refused a slice: {:#?}",
+        cluster
+            .api
+            .log()
+            .iter()
+            .filter(|l| l.status == 422)
+            .collect::<Vec<_>>()
+    );
+
+    // The stand-in's limits are real: one device more is refused.
+    let mut over: k8s_openapi::api::resource::v1::ResourceSlice =
+        serde_json::from_value(all[0].clone()).unwrap();
+    over.metadata = Default::default();
+    over.metadata.generate_name = Some("too-big-".into());
+    let devices = over.spec.devices.as_mut().unwrap();
+    while devices.len() <= 128 {
+        let mut d = devices[0].clone();
+        d.name = format!("extra-{}", devices.len());
+        devices.push(d);
+    }
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+        kube::Api::all(kube::Client::try_from(config).unwrap());
+    let refused = api.create(&Default::default(), &over).await.unwrap_err();
+    assert_eq!(status_code(&refused), Some(422), "{refused}");
+}
+
+/// The HTTP status of an API answer inside a kube-rs error.
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
