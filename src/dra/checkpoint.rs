@@ -47,10 +47,8 @@ impl Checkpoint {
             crate::input::Pipes::Refuse,
         ) {
             Ok(b) => b,
-            Err(e) if !path.exists() => {
-                let _ = e;
-                return Checkpoint::empty();
-            }
+            // None yet: the first start on this node.
+            Err(_) if !path.exists() => return Checkpoint::empty(),
             Err(e) => return set_aside(&path, &e.to_string()),
         };
         match serde_json::from_slice::<Checkpoint>(&bytes) {
