@@ -434,6 +434,23 @@ impl SysRoot {
             base = split_last(base).map_or("", |(folder, _)| folder);
             rest = r;
         }
+        // A bare climb (`../..`, the kernel's `device` link of a netdev two
+        // folders below its PCI function) names a folder above the link:
+        // an ancestor of a canonical path, so canonical itself.
+        if rest == ".." {
+            if base.is_empty() {
+                return Err(None);
+            }
+            base = split_last(base).map_or("", |(folder, _)| folder);
+            rest = "";
+        }
+        if rest.is_empty() {
+            // The root itself is the full walk's to name.
+            if base.is_empty() {
+                return Err(None);
+            }
+            return Ok(self.answered(rel_t, parent, base.to_string()));
+        }
         if !plain_names(rest) {
             return Err(None);
         }
@@ -1418,6 +1435,43 @@ mod tests {
                     root.read_trimmed("class/inside/mtu").unwrap(),
                     "1500",
                     "{way}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_bare_climb_link_resolves_to_the_folder_above_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let function = "devices/pci0000:00/0000:3b:00.0";
+        fs::create_dir_all(dir.path().join(function).join("net/eth0")).unwrap();
+        fs::write(dir.path().join(function).join("vendor"), "0x15b3\n").unwrap();
+        // As the kernel writes a netdev's `device` link, with and without a
+        // trailing slash; and one that climbs out of the root.
+        let eth0 = dir.path().join(function).join("net/eth0");
+        std::os::unix::fs::symlink("../..", eth0.join("device")).unwrap();
+        std::os::unix::fs::symlink("../../", eth0.join("slashed")).unwrap();
+        std::os::unix::fs::symlink("../../../../../..", eth0.join("away")).unwrap();
+        fs::create_dir_all(dir.path().join("class/net")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../{function}/net/eth0"),
+            dir.path().join("class/net/eth0"),
+        )
+        .unwrap();
+        for (way, root) in every_way(dir.path()) {
+            for _ in 0..2 {
+                for link in ["device", "slashed"] {
+                    let rel = format!("class/net/eth0/{link}");
+                    assert_eq!(root.resolve(&rel).unwrap(), function, "{way} {link}");
+                    assert_eq!(
+                        root.read_trimmed(&format!("{rel}/vendor")).unwrap(),
+                        "0x15b3",
+                        "{way} {link}"
+                    );
+                }
+                assert!(
+                    root.resolve("class/net/eth0/away").is_err(),
+                    "{way}: a climb out of the root is not the root"
                 );
             }
         }
