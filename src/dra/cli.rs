@@ -3,10 +3,10 @@
 
 use super::server::{self, Config};
 use crate::cli::cluster_args::parse_node_name;
+use crate::kubelet::args::PluginArgs;
 use crate::kubelet::signals;
 use crate::names::{duration_in, parse_namespace, DurationError};
 use clap::Parser;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -90,28 +90,6 @@ pub struct DraCli {
     #[arg(long, env = "NODEFABRIC_RAILS_FILE", value_name = "FILE")]
     pub rails_file: Option<PathBuf>,
 
-    /// How often files and sockets are re-checked when no file event
-    /// arrives (10ms to 24h).
-    #[arg(
-        long,
-        env = "NODEFABRIC_POLL_INTERVAL",
-        default_value = "10s",
-        value_name = "DURATION",
-        value_parser = parse_poll_interval
-    )]
-    pub poll_interval: Duration,
-
-    /// Spec files larger than this many bytes are refused, and that family
-    /// keeps the devices it had.
-    #[arg(
-        long,
-        env = "NODEFABRIC_MAX_SPEC_BYTES",
-        default_value_t = crate::kubelet::specs::DEFAULT_MAX_BYTES,
-        value_name = "BYTES",
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub max_spec_bytes: u64,
-
     /// Bounds each API request, the client's setup included (1s to 10m).
     #[arg(
         long,
@@ -122,27 +100,13 @@ pub struct DraCli {
     )]
     pub api_timeout: Duration,
 
-    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address,
-    /// e.g. 0.0.0.0:8082; none when unset.
-    #[arg(long, env = "NODEFABRIC_METRICS_ADDR", value_name = "ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
-
-    /// Log filter for stderr: error, warn, info, debug or trace.
-    #[arg(
-        long,
-        env = "NODEFABRIC_LOG_LEVEL",
-        default_value = "info",
-        value_name = "LEVEL"
-    )]
-    pub log_level: tracing::Level,
+    /// The flags both kubelet plugins share.
+    #[command(flatten)]
+    pub common: PluginArgs,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
-}
-
-fn parse_poll_interval(s: &str) -> Result<Duration, DurationError> {
-    duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
 }
 
 fn parse_api_timeout(s: &str) -> Result<Duration, DurationError> {
@@ -160,10 +124,10 @@ impl DraCli {
             state_dir: self.state_dir.clone(),
             rails_file: self.rails_file.clone(),
             interval: self.interval,
-            poll_interval: self.poll_interval,
-            max_spec_bytes: self.max_spec_bytes,
+            poll_interval: self.common.poll_interval,
+            max_spec_bytes: self.common.max_spec_bytes,
             api_timeout: self.api_timeout,
-            metrics_addr: self.metrics_addr,
+            metrics_addr: self.common.metrics_addr,
         }
     }
 }
@@ -171,7 +135,7 @@ impl DraCli {
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
     let cli = DraCli::parse();
-    signals::run_until_shutdown(cli.log_level, |shutdown| {
+    signals::run_until_shutdown(cli.common.log_level, |shutdown| {
         server::run(cli.config(), shutdown)
     })
 }

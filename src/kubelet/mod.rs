@@ -9,6 +9,7 @@
 //!
 //! The device plugin ([`crate::plugin`]) composes these; a second plugin
 //! (the DRA driver) composes the same ones instead of copying them.
+pub mod args;
 pub mod authority;
 pub mod conn;
 pub mod probes;

@@ -4,11 +4,11 @@
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
 use super::server::{self, Config};
+use crate::kubelet::args::PluginArgs;
 use crate::kubelet::signals;
 use crate::names::{duration_in, parse_namespace, DurationError};
 use clap::builder::BoolishValueParser;
 use clap::Parser;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -70,33 +70,6 @@ pub struct PluginCli {
     #[arg(long, env = "NODEFABRIC_CDI_ANNOTATIONS", value_parser = BoolishValueParser::new())]
     pub cdi_annotations: bool,
 
-    /// How often to re-check specs and registration when no file event
-    /// arrives (10ms to 24h).
-    #[arg(
-        long,
-        env = "NODEFABRIC_POLL_INTERVAL",
-        default_value = "10s",
-        value_name = "DURATION",
-        value_parser = parse_poll_interval
-    )]
-    pub poll_interval: Duration,
-
-    /// Spec files larger than this many bytes are refused, and that family
-    /// keeps the tokens it had.
-    #[arg(
-        long,
-        env = "NODEFABRIC_MAX_SPEC_BYTES",
-        default_value_t = crate::kubelet::specs::DEFAULT_MAX_BYTES,
-        value_name = "BYTES",
-        value_parser = clap::value_parser!(u64).range(1..)
-    )]
-    pub max_spec_bytes: u64,
-
-    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address,
-    /// e.g. 127.0.0.1:9478; none when unset.
-    #[arg(long, env = "NODEFABRIC_METRICS_ADDR", value_name = "ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
-
     /// How long a ListAndWatch client may leave a device list untaken before
     /// its connection is closed (1s to 1h).
     #[arg(
@@ -108,18 +81,9 @@ pub struct PluginCli {
     )]
     pub drain_timeout: Duration,
 
-    /// Log filter for stderr: error, warn, info, debug or trace.
-    #[arg(
-        long,
-        env = "NODEFABRIC_LOG_LEVEL",
-        default_value = "info",
-        value_name = "LEVEL"
-    )]
-    pub log_level: tracing::Level,
-}
-
-fn parse_poll_interval(s: &str) -> Result<Duration, DurationError> {
-    duration_in(s, Duration::from_millis(10), Duration::from_secs(24 * 3600))
+    /// The flags both kubelet plugins share.
+    #[command(flatten)]
+    pub common: PluginArgs,
 }
 
 fn parse_drain_timeout(s: &str) -> Result<Duration, DurationError> {
@@ -147,9 +111,9 @@ impl PluginCli {
             } else {
                 CdiDelivery::Field
             },
-            poll_interval: self.poll_interval,
-            max_spec_bytes: self.max_spec_bytes,
-            metrics_addr: self.metrics_addr,
+            poll_interval: self.common.poll_interval,
+            max_spec_bytes: self.common.max_spec_bytes,
+            metrics_addr: self.common.metrics_addr,
             drain_timeout: self.drain_timeout,
         }
     }
@@ -158,7 +122,7 @@ impl PluginCli {
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
     let cli = PluginCli::parse();
-    signals::run_until_shutdown(cli.log_level, |shutdown| {
+    signals::run_until_shutdown(cli.common.log_level, |shutdown| {
         server::run(cli.config(), shutdown)
     })
 }
