@@ -92,7 +92,7 @@ impl Reconciler {
             .await
             .map_err(|e| ClusterError::api(format!("listing ResourceSlices ({selector})"), e))?
             .items;
-        let wanted = devices_of(&slices::desired(pool, &self.driver, &owner, 0));
+        let wanted = slices::devices(pool);
         let latest = existing
             .iter()
             .filter(|s| s.spec.pool.name == self.node)
@@ -161,7 +161,7 @@ impl Reconciler {
                 })?;
             made.push(created);
         }
-        let kept = devices_of(&made);
+        let kept = slices::devices_of(&made);
         if kept != wanted {
             let already = self.last.as_ref().is_some_and(|l| l.kept != l.sent);
             if !already {
@@ -207,16 +207,6 @@ impl Reconciler {
             )),
         }
     }
-}
-
-/// The devices of slices, sorted by name.
-fn devices_of(slices: &[ResourceSlice]) -> Vec<Device> {
-    let mut devices: Vec<Device> = slices
-        .iter()
-        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
-        .collect();
-    devices.sort_by(|a, b| a.name.cmp(&b.name));
-    devices
 }
 
 /// Whether a slice names this Node (by UID) as its owner.

@@ -233,6 +233,16 @@ macro_rules! service {
         /// The DRA service of this API version.
         pub struct $name(pub Arc<Preparer>);
 
+        impl From<super::api::$version::Claim> for ClaimRef {
+            fn from(c: super::api::$version::Claim) -> ClaimRef {
+                ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                }
+            }
+        }
+
         #[tonic::async_trait]
         impl super::api::$version::dra_plugin_server::DraPlugin for $name {
             async fn node_prepare_resources(
@@ -247,11 +257,7 @@ macro_rules! service {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .0
@@ -297,11 +303,7 @@ macro_rules! service {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .0

@@ -36,7 +36,7 @@ pub fn name_prefix(node: &str, driver: &str) -> String {
 /// [`MAX_DEVICES_PER_SLICE`] a slice; an empty pool is one empty slice, so
 /// the scheduler sees the pool (and that it has nothing) rather than none.
 pub fn desired(pool: &Pool, driver: &str, owner: &Owner, generation: i64) -> Vec<ResourceSlice> {
-    let devices: Vec<Device> = pool.devices.iter().map(device).collect();
+    let devices = devices(pool);
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
@@ -79,6 +79,11 @@ pub fn owner_reference(owner: &Owner) -> OwnerReference {
         controller: Some(true),
         block_owner_deletion: None,
     }
+}
+
+/// The pool's devices as the API types them, in name order (the pool's).
+pub fn devices(pool: &Pool) -> Vec<Device> {
+    pool.devices.iter().map(device).collect()
 }
 
 /// One pool device as the API types it.
@@ -127,12 +132,18 @@ pub fn published_devices(slices: &[ResourceSlice]) -> Option<Vec<Device>> {
     {
         return None;
     }
+    Some(devices_of(slices))
+}
+
+/// The devices of slices, sorted by name: the form [`devices`] gives, so
+/// the two compare.
+pub fn devices_of(slices: &[ResourceSlice]) -> Vec<Device> {
     let mut devices: Vec<Device> = slices
         .iter()
         .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
         .collect();
     devices.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(devices)
+    devices
 }
 
 #[cfg(test)]

@@ -267,17 +267,22 @@ fn validate(obj: &Value) -> Vec<String> {
     causes
 }
 
+/// A request body as a ResourceSlice object, or the server's 400.
+fn slice_body(body: &[u8]) -> Result<Value, (u16, Value)> {
+    serde_json::from_slice(body).map_err(|e| {
+        status(
+            400,
+            "BadRequest",
+            &format!("the body is not a ResourceSlice: {e}"),
+            Value::Null,
+        )
+    })
+}
+
 fn create(s: &mut State, body: &[u8]) -> (u16, Value) {
-    let mut obj: Value = match serde_json::from_slice(body) {
+    let mut obj = match slice_body(body) {
         Ok(v) => v,
-        Err(e) => {
-            return status(
-                400,
-                "BadRequest",
-                &format!("the body is not a ResourceSlice: {e}"),
-                Value::Null,
-            )
-        }
+        Err(refused) => return refused,
     };
     let name = match (
         obj["metadata"]["name"].as_str(),
@@ -330,16 +335,9 @@ fn create(s: &mut State, body: &[u8]) -> (u16, Value) {
 }
 
 fn update(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
-    let mut obj: Value = match serde_json::from_slice(body) {
+    let mut obj = match slice_body(body) {
         Ok(v) => v,
-        Err(e) => {
-            return status(
-                400,
-                "BadRequest",
-                &format!("the body is not a ResourceSlice: {e}"),
-                Value::Null,
-            )
-        }
+        Err(refused) => return refused,
     };
     let Some(old) = s.objects.get(&key(SLICES, "", name)).cloned() else {
         return not_found_slice(name);
