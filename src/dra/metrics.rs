@@ -47,6 +47,8 @@ struct Readiness {
     published: bool,
     /// The unreadable CDI specs, with why.
     specs: Vec<String>,
+    /// A folder deleted on the host under the driver's mount, with why.
+    stale: Option<String>,
 }
 
 /// Every metric and the readiness facts, shared by the loop, the services
@@ -156,6 +158,12 @@ impl Observed {
         self.readiness.lock().unwrap().specs = unreadable;
     }
 
+    /// A folder the driver serves from was deleted on the host under its
+    /// mount (`Some(why)`), or is in place again (`None`).
+    pub fn stale_folder(&self, why: Option<String>) {
+        self.readiness.lock().unwrap().stale = why;
+    }
+
     /// The number of claims prepared now.
     pub fn prepared_claims(&self, n: usize) {
         self.prepared_claims.set(n as i64);
@@ -175,7 +183,10 @@ impl Observed {
 
 impl Probes for Observed {
     fn healthy(&self) -> Result<(), String> {
-        Ok(())
+        match &self.readiness.lock().unwrap().stale {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
     }
 
     fn ready(&self) -> Result<(), Vec<String>> {

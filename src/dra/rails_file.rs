@@ -32,21 +32,21 @@ impl RailsFile {
         }
     }
 
-    /// Re-reads the file if it changed since the last look. A missing file
-    /// means no rails (the publisher found none or has not run yet).
-    /// Blocking: call it off the async runtime.
-    pub fn look(&mut self) {
+    /// Re-reads the file if it changed since the last look; true when the
+    /// record taken from it changed. A missing file means no rails (the
+    /// publisher found none or has not run yet). Blocking: call it off the
+    /// async runtime.
+    pub fn look(&mut self) -> bool {
         let meta = match std::fs::metadata(&self.path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.seen = None;
-                self.record = None;
                 self.error = None;
-                return;
+                return self.record.take().is_some();
             }
             Err(e) => {
                 self.error = Some(format!("{}: {e}", self.path.display()));
-                return;
+                return false;
             }
         };
         let stamp = (
@@ -56,7 +56,7 @@ impl RailsFile {
             i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
         );
         if self.seen == Some(stamp) {
-            return;
+            return false;
         }
         let read = crate::input::read_bytes(
             &self.path,
@@ -72,11 +72,16 @@ impl RailsFile {
         self.seen = Some(stamp);
         match read {
             Ok(record) => {
-                self.record = Some(record);
                 self.error = None;
+                let changed = self.record.as_ref() != Some(&record);
+                self.record = Some(record);
+                changed
             }
             // The last good record stays.
-            Err(e) => self.error = Some(format!("{e}; keeping the rails last read")),
+            Err(e) => {
+                self.error = Some(format!("{e}; keeping the rails last read"));
+                false
+            }
         }
     }
 
@@ -100,17 +105,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rails.json");
         let mut f = RailsFile::new(path.clone());
-        f.look();
+        assert!(!f.look());
         assert!(f.record().is_none() && f.error().is_none());
         let good = serde_json::json!({
             "version": crate::rails::RAIL_RECORD_FORMAT, "nodeUID": "", "railSource": "host-lldp",
             "nics": {"0000:3b:00.0": ["rail0"]}, "gpus": []
         });
         std::fs::write(&path, serde_json::to_vec(&good).unwrap()).unwrap();
-        f.look();
+        assert!(f.look());
         assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);
         std::fs::write(&path, b"{\"version\": ").unwrap();
-        f.look();
+        assert!(!f.look());
         assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);
         assert!(f.error().unwrap().contains("rails.json"), "{:?}", f.error());
     }

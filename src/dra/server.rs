@@ -28,7 +28,7 @@ use crate::kubelet::registration_api::registration_server::RegistrationServer;
 use crate::kubelet::restart::Retry;
 use crate::kubelet::servers::Servers;
 use crate::kubelet::socket::SocketError;
-use crate::kubelet::specs::{Change, Loader};
+use crate::kubelet::specs::{self, Change, Loader};
 use crate::kubelet::watch::{FolderWatch, Wake};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -266,22 +266,33 @@ impl Driver {
     async fn look(&mut self) -> Result<(), RunError> {
         let mut loader = self.loader.take().expect("put back after every look");
         let mut rails = self.rails.take();
+        let kubelet_folders = [
+            self.config.registration_socket(),
+            self.config.service_socket(),
+        ];
         // Off the runtime thread: file I/O must never stall the gRPC servers.
-        let (loader, rails, outcome) = tokio::task::spawn_blocking(move || {
-            let outcome = loader.load();
-            if let Some(r) = rails.as_mut() {
-                r.look();
-            }
-            (loader, rails, outcome)
-        })
-        .await
-        .map_err(|cause| RunError::Look {
-            path: self.config.cdi_dir.clone(),
-            cause,
-        })?;
+        let (loader, rails, mut outcome, rails_changed, kubelet_stale) =
+            tokio::task::spawn_blocking(move || {
+                let outcome = loader.load();
+                let rails_changed = rails.as_mut().is_some_and(RailsFile::look);
+                // kubelet's folders too: a socket served in the host's old
+                // folder is never found by kubelet.
+                let stale = kubelet_folders
+                    .iter()
+                    .filter_map(|socket| socket.parent())
+                    .find(|dir| crate::mounts::deleted_in_place(dir))
+                    .map(|dir| crate::mounts::stale_reason("a kubelet folder", dir));
+                (loader, rails, outcome, rails_changed, stale)
+            })
+            .await
+            .map_err(|cause| RunError::Look {
+                path: self.config.cdi_dir.clone(),
+                cause,
+            })?;
         self.loader = Some(loader);
         self.rails = rails;
-        for (family, change) in outcome.changed {
+        let changed = rails_changed || !outcome.changed.is_empty();
+        for (family, change) in std::mem::take(&mut outcome.changed) {
             match change {
                 Change::Spec { path, spec } => {
                     self.published.insert(family, (path, spec));
@@ -296,25 +307,34 @@ impl Driver {
             .iter()
             .map(|(_, _, message)| message.clone())
             .collect();
-        if let Some(e) = self.rails.as_ref().and_then(|r| r.error()) {
-            unreadable.push(e.to_string());
-        }
-        for family in Family::ALL {
-            let subject = self.config.cdi_dir.join(family.file_name());
-            let subject = subject.display().to_string();
-            match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
-                Some((_, _, message)) => {
-                    self.quiet.warn(
-                        &subject,
-                        format!("{message}; keeping the devices already published"),
-                    );
-                }
-                None => self
-                    .quiet
-                    .clear(&subject, || format!("{subject} is readable again")),
+        let rails_subject = self
+            .config
+            .rails_file
+            .as_ref()
+            .map(|f| f.display().to_string())
+            .unwrap_or_default();
+        match self.rails.as_ref().and_then(|r| r.error()) {
+            Some(e) => {
+                self.quiet.warn(&rails_subject, e.to_string());
+                unreadable.push(e.to_string());
             }
+            None => self.quiet.clear(&rails_subject, || {
+                format!("{rails_subject} is readable again")
+            }),
         }
+        specs::report(&mut self.quiet, &self.config.cdi_dir, &outcome, "device");
+        // A folder deleted on the host under the driver's mount never comes
+        // back by itself: liveness fails, and the restart mounts the new one.
+        self.observed.stale_folder(
+            outcome
+                .folder_deleted()
+                .map(str::to_string)
+                .or(kubelet_stale),
+        );
         self.observed.specs(unreadable);
+        if !changed {
+            return Ok(());
+        }
         let pool = devices::pool(
             &self.published,
             self.rails.as_ref().and_then(|r| r.record()),

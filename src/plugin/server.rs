@@ -29,7 +29,7 @@ use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
 use crate::kubelet::servers::Servers;
 use crate::kubelet::socket::{self, SocketError};
-use crate::kubelet::specs::{Loader, Outcome};
+use crate::kubelet::specs::{self, Loader};
 use crate::kubelet::watch::{FolderWatch, Wake};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -126,17 +126,6 @@ struct Generation {
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// See [`BACKOFF_FIRST`].
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// The cause word of [`crate::kubelet::specs::SpecReadError::FolderMissing`].
-const FOLDER_MISSING: &str = "folder_missing";
-
-/// The cause word of [`crate::kubelet::specs::SpecReadError::FolderDeleted`].
-const FOLDER_DELETED: &str = "folder_deleted";
-
-/// True for the causes that are the folder's, not one family's file.
-fn folder_cause(cause: &str) -> bool {
-    cause == FOLDER_MISSING || cause == FOLDER_DELETED
-}
 
 /// The cause word of a spec refused because a list of its tokens would be
 /// larger than kubelet takes in one message.
@@ -311,15 +300,13 @@ impl Plugin {
                 .unreadable
                 .push((*family, TOO_MANY_TOKENS, message.clone()));
         }
-        report(&mut self.quiet, &self.config, &outcome);
+        specs::report(&mut self.quiet, &self.config.cdi_dir, &outcome, "token");
         // A folder deleted under the mount never comes back by itself:
         // liveness fails, and the kubelet's restart mounts the new one.
         self.observed.stale_folder(
             outcome
-                .unreadable
-                .iter()
-                .find(|(_, cause, _)| *cause == FOLDER_DELETED)
-                .map(|(_, _, message)| message.clone())
+                .folder_deleted()
+                .map(str::to_string)
                 .or(kubelet_stale),
         );
         self.observed.look(
@@ -377,51 +364,6 @@ impl Plugin {
                 );
                 self.retry.failed(kubelet);
             }
-        }
-    }
-}
-
-/// Logs each unreadable spec once per cause, and once when it reads again.
-fn report(quiet: &mut Quiet, config: &Config, outcome: &Outcome) {
-    // A missing folder is one cause for both families: one line, under the
-    // folder's name, and the families' own warnings are left as they were.
-    let folder = config.cdi_dir.display().to_string();
-    match outcome
-        .unreadable
-        .iter()
-        .find(|(_, cause, _)| folder_cause(cause))
-    {
-        Some((_, cause, message)) => {
-            let restart = if *cause == FOLDER_DELETED {
-                "; /healthz fails until the kubelet restarts the plugin"
-            } else {
-                ""
-            };
-            quiet.warn(
-                &folder,
-                format!("{message}; keeping every token already served{restart}"),
-            );
-        }
-        None => quiet.clear(&folder, || format!("{folder} is back")),
-    }
-    for family in crate::cdi::Family::ALL {
-        let subject = config
-            .cdi_dir
-            .join(family.file_name())
-            .display()
-            .to_string();
-        match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
-            Some((_, cause, _)) if folder_cause(cause) => {}
-            Some((_, _, message)) => {
-                quiet.warn(
-                    &subject,
-                    format!(
-                        "skipping CDI spec: {message}; keeping the {} tokens already served",
-                        family.kind()
-                    ),
-                );
-            }
-            None => quiet.clear(&subject, || format!("{subject} is readable again")),
         }
     }
 }

@@ -537,3 +537,36 @@ fn status_code(e: &kube::Error) -> Option<u16> {
         _ => None,
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_keeps_the_slices() {
+    let s = setup();
+    let (_held, mounted) = crate::support::mount::held(&s.dirs.cdi());
+    let mut p = s.place.clone();
+    p.cdi_dir = mounted.clone();
+    let probes = crate::support::os::free_addr();
+    let driver = Driver::start(&p, &["--interval", "1s", "--metrics-addr", &probes]);
+    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    assert_eq!(http_get(&probes, "/healthz").0, 200);
+    let devices = slices(&s.cluster)[0]["spec"]["devices"].clone();
+
+    // The host replaces the folder; the mount still holds the deleted one.
+    std::fs::remove_dir_all(s.dirs.cdi()).unwrap();
+    std::fs::create_dir(s.dirs.cdi()).unwrap();
+    driver.wait_for("/healthz 503", || http_get(&probes, "/healthz").0 == 503);
+    let (_, why) = http_get(&probes, "/healthz");
+    assert!(
+        why.contains(&mounted.display().to_string()) && why.contains("deleted on the host"),
+        "{why}"
+    );
+    // Until the kubelet restarts it, the devices stay published.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(slices(&s.cluster)[0]["spec"]["devices"], devices);
+    let (_, log) = driver.terminate();
+    assert_eq!(
+        log.matches("was deleted on the host while mounted here")
+            .count(),
+        1,
+        "one line for both families: {log}"
+    );
+}

@@ -83,8 +83,8 @@ impl SpecReadError {
     /// A stable one-word cause, for the `cause` metric label.
     pub fn cause(&self) -> &'static str {
         match self {
-            SpecReadError::FolderMissing { .. } => "folder_missing",
-            SpecReadError::FolderDeleted { .. } => "folder_deleted",
+            SpecReadError::FolderMissing { .. } => super::FOLDER_MISSING,
+            SpecReadError::FolderDeleted { .. } => super::FOLDER_DELETED,
             SpecReadError::Dangling { .. } => "dangling_link",
             SpecReadError::NotRegular { .. } => "not_regular",
             SpecReadError::TooLarge { .. } => "too_large",

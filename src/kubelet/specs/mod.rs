@@ -66,6 +66,71 @@ pub struct Outcome {
     pub new_errors: Vec<(Family, &'static str)>,
 }
 
+/// The cause word of [`SpecReadError::FolderMissing`].
+pub const FOLDER_MISSING: &str = "folder_missing";
+
+/// The cause word of [`SpecReadError::FolderDeleted`].
+pub const FOLDER_DELETED: &str = "folder_deleted";
+
+/// True for the causes that are the folder's, not one family's file.
+pub fn folder_cause(cause: &str) -> bool {
+    cause == FOLDER_MISSING || cause == FOLDER_DELETED
+}
+
+impl Outcome {
+    /// Why the folder counts as deleted on the host under its mount, if this
+    /// look found it so: it never comes back by itself, so a plugin's
+    /// liveness fails on it and the kubelet's restart mounts the new one.
+    pub fn folder_deleted(&self) -> Option<&str> {
+        self.unreadable
+            .iter()
+            .find(|(_, cause, _)| *cause == FOLDER_DELETED)
+            .map(|(_, _, message)| message.as_str())
+    }
+}
+
+/// Logs each unreadable spec in `dir` once per cause, and once when it
+/// reads again; `kept` names what a plugin keeps serving meanwhile
+/// (`token`, `device`). A missing or deleted folder is one cause for both
+/// families: one line, under the folder's name.
+pub fn report(quiet: &mut crate::kubelet::quiet::Quiet, dir: &Path, outcome: &Outcome, kept: &str) {
+    let folder = dir.display().to_string();
+    match outcome
+        .unreadable
+        .iter()
+        .find(|(_, cause, _)| folder_cause(cause))
+    {
+        Some((_, cause, message)) => {
+            let restart = if *cause == FOLDER_DELETED {
+                "; /healthz fails until the kubelet restarts the plugin"
+            } else {
+                ""
+            };
+            quiet.warn(
+                &folder,
+                format!("{message}; keeping every {kept} already served{restart}"),
+            );
+        }
+        None => quiet.clear(&folder, || format!("{folder} is back")),
+    }
+    for family in Family::ALL {
+        let subject = dir.join(family.file_name()).display().to_string();
+        match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
+            Some((_, cause, _)) if folder_cause(cause) => {}
+            Some((_, _, message)) => {
+                quiet.warn(
+                    &subject,
+                    format!(
+                        "skipping CDI spec: {message}; keeping the {} {kept}s already served",
+                        family.kind()
+                    ),
+                );
+            }
+            None => quiet.clear(&subject, || format!("{subject} is readable again")),
+        }
+    }
+}
+
 /// Reads the families' spec files from one folder, remembering enough to
 /// skip work when nothing changed.
 #[derive(Debug)]
