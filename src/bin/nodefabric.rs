@@ -1,5 +1,7 @@
-//! The `nodefabric` binary: all logic lives in the library's `cli` module.
+//! The `nodefabric` binary NFD runs every minute: lean and linked static
+//! (see build.rs); a command that needs the Kubernetes API or NVML is handed
+//! to `nodefabric-full` (`cli::forward`).
 
 fn main() -> std::process::ExitCode {
-    nodefabric::cli::main()
+    nodefabric::cli::main_lean()
 }

@@ -5,7 +5,6 @@
 use crate::cluster::broker::{self, Broker, Memo, Target};
 use crate::cluster::health::Health;
 use crate::cluster::{client, observer, ConfigMapRef, SERVICE_ACCOUNT_DIR};
-use crate::rails::RailRecord;
 use anyhow::Result;
 use clap::Args;
 use std::net::SocketAddr;
@@ -116,10 +115,17 @@ impl BrokerArgs {
         }
     }
 
-    /// The record's `nodeUID`: --node-uid when given; else read from Node
-    /// --node-name when a cluster is configured; else empty (node-local use).
-    pub fn node_uid(&self) -> Result<String> {
-        Ok(self.broker().node_uid()?)
+    /// True when these flags may lead to an API request: a cluster is
+    /// configured (KUBECONFIG, or in a pod), or a record in one is named.
+    pub fn may_use_api(&self) -> bool {
+        client::configured() || self.rails_record.is_some() || self.rails_configmap.is_some()
+    }
+
+    /// True when the record's `nodeUID` is read from the Node: no
+    /// --node-uid, a --node-name, and a cluster configured; else it is
+    /// --node-uid, or empty (node-local use). See [`Broker::node_uid`].
+    pub fn node_uid_from_api(&self) -> bool {
+        self.node_uid.is_empty() && self.node_name.is_some() && client::configured()
     }
 
     /// Where to publish: with `--rails-record custom-resource`, this node's
@@ -155,12 +161,6 @@ impl BrokerArgs {
             );
         }
         Ok(target)
-    }
-
-    /// Publishes `record` to `target` (see [`Broker::publish`]); any error
-    /// leaves the previous record.
-    pub fn publish(&self, target: &Target, record: &RailRecord) -> Result<()> {
-        Ok(self.broker().publish(target, record)?)
     }
 }
 

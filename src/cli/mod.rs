@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{cdi, cluster, fabric, nfd, preflight};
+use crate::{cdi, fabric, nfd, preflight};
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -12,6 +12,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 mod capture;
 pub mod cluster_args;
+pub mod forward;
+pub mod full;
 mod publish;
 mod rails;
 
@@ -101,6 +103,11 @@ pub struct Cli {
     /// `--sysfs-root` is an archive holding them).
     #[arg(skip)]
     pub replayed_rails: Option<crate::rails::RailAnswers>,
+
+    /// The Kubernetes API and NVML, in `nodefabric-full` only (never a
+    /// flag: its `main` sets it; see [`full`]).
+    #[arg(skip)]
+    pub full: Option<&'static dyn full::Full>,
 }
 
 /// Kept here for callers that name it through the command line module.
@@ -169,15 +176,36 @@ pub struct StateArgs {
     pub state_dir: Option<PathBuf>,
 }
 
-/// Parses `std::env::args` and runs; the binary's whole `main`.
+/// `nodefabric-full`'s whole `main`: every command, with the Kubernetes
+/// API and NVML linked in.
 pub fn main() -> ExitCode {
+    let cli = Cli {
+        full: Some(&full::LINKED),
+        ..parse()
+    };
+    crate::logging::init(cli.log_level);
+    run(&cli)
+}
+
+/// `nodefabric`'s whole `main`: the same commands, run here when they need
+/// neither the Kubernetes API nor NVML, else handed to `nodefabric-full`.
+pub fn main_lean() -> ExitCode {
+    let cli = parse();
+    if let Some(why) = forward::needed(&cli) {
+        return forward::to_full(why);
+    }
+    crate::logging::init(cli.log_level);
+    run(&cli)
+}
+
+/// Parses `std::env::args`; a misuse exits 2 with clap's message.
+fn parse() -> Cli {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = require_folders_off_sys(&cli, &matches) {
         e.exit();
     }
-    crate::logging::init(cli.log_level);
-    run(&cli)
+    cli
 }
 
 /// `publish` on a tree other than `/sys` (a capture, a copy, a test tree)
@@ -261,6 +289,12 @@ impl Cli {
             || self.nvidia_smi_q.is_some()
             || self.nvml_lib.is_some()
             || self.ascend_fabric.is_some();
+        // Auto tries NVML only where it can work; a named library is always tried.
+        let auto = matches!(nvidia, fabric::NvidiaSource::Auto);
+        let nvml = self
+            .full
+            .filter(|_| !auto || nvml_can_work(&self.sysfs_root))
+            .map(|f| f.nvml());
         fabric::Sources {
             nvidia,
             ascend: self.ascend_fabric.clone(),
@@ -271,8 +305,25 @@ impl Cli {
                 self.replayed_answers.clone()
             },
             recorder: None,
+            nvml,
         }
     }
+
+    /// The parts only `nodefabric-full` links; an error naming it where
+    /// this binary lacks them (the lean one forwards such commands first).
+    pub fn full(&self) -> Result<&'static dyn full::Full> {
+        self.full.context(
+            "this needs the Kubernetes API or NVML, which only nodefabric-full links: run it instead",
+        )
+    }
+}
+
+/// NVML is worth loading only for the live `/sys` of a host whose NVIDIA
+/// driver is loaded: without `/dev/nvidiactl` nvmlInit fails, and a copied
+/// tree is not the machine NVML would describe.
+pub fn nvml_can_work(sysfs_root: &Path) -> bool {
+    sysfs_root.components().eq(Path::new("/sys").components())
+        && Path::new("/dev/nvidiactl").exists()
 }
 
 /// One discovery pass; `fabric` says whether the command's output uses the
@@ -363,19 +414,23 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             // is reported before anything asks the cluster.
             let config = r.rails.config(cli.tool_timeout)?;
             let target = r.rails.target(config.as_ref())?;
-            let options = r.rails.options(config.as_ref())?;
+            let options = r.rails.options(cli, config.as_ref())?;
             let root = open_tree(cli)?;
             let pass = one_pass_on(cli, &root, r.state_dir.as_deref(), false)?;
             let record = rails::rail_record(cli, &root, &pass, &r.rails, &options)?;
             if let Some(target) = target {
-                r.rails.cluster.publish(&target, &record)?;
+                cli.full()?
+                    .publish_record(&r.rails.cluster, &target, &record)?;
             }
             emit(crate::rails::to_bytes(&record))?;
         }
-        Command::Publish(p) => return publish::publish_loop(cli, p),
+        Command::Publish(p) => match p.interval {
+            Some(every) => return cli.full()?.publish_every(cli, p, every),
+            None => publish::publish_once(cli, p)?,
+        },
         Command::Capture(c) => capture::capture(cli, c)?,
-        Command::Observe(o) => o.run()?,
-        Command::Crd => emit(cluster::node_rail_record::crd_yaml())?,
+        Command::Observe(o) => cli.full()?.observe(o)?,
+        Command::Crd => emit(cli.full()?.crd())?,
     }
     Ok(ExitCode::SUCCESS)
 }

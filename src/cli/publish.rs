@@ -76,11 +76,9 @@ impl PublishArgs {
     }
 }
 
-pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs) -> Result<ExitCode> {
-    let Some(interval) = args.interval else {
-        publish_once(cli, args)?;
-        return Ok(ExitCode::SUCCESS);
-    };
+/// `publish --interval`: a pass every `interval`, with the probe server,
+/// until the process is killed (in `nodefabric-full` only: see [`super::full`]).
+pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs, interval: Duration) -> Result<ExitCode> {
     let health = cluster::health::Health::new();
     if let Some(addr) = args.health_addr {
         let bound = health

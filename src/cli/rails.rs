@@ -126,7 +126,11 @@ impl RailArgs {
     }
 
     /// The rail options, flags over the config file (as [`Self::config`] read it).
-    pub fn options(&self, config: Option<&rails::config::RailConfig>) -> Result<rails::Options> {
+    pub fn options(
+        &self,
+        cli: &Cli,
+        config: Option<&rails::config::RailConfig>,
+    ) -> Result<rails::Options> {
         if let Some(c) = config {
             if !c.enabled {
                 anyhow::bail!(
@@ -162,7 +166,10 @@ impl RailArgs {
             rails::INTERFACE_NAME => rails::PortSource::InterfaceName,
             _ => rails::PortSource::HostLldp,
         };
-        let node_uid = self.cluster.node_uid()?;
+        let node_uid = match self.cluster.node_uid_from_api() {
+            true => cli.full()?.node_uid(&self.cluster)?,
+            false => self.cluster.node_uid.clone(),
+        };
         Ok(rails::Options {
             source,
             interface_regex,
@@ -215,7 +222,7 @@ pub(super) fn publish_rails(
         (None, None) => String::new(),
     };
     let record = args
-        .options(config)
+        .options(cli, config)
         .and_then(|o| rail_record(cli, root, pass, args, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
     // The file does not wait on the cluster: each fails or succeeds on its own.
@@ -225,6 +232,8 @@ pub(super) fn publish_rails(
         publish::write_if_changed(dir, name, &rails::to_bytes(&record))?;
         Ok(())
     });
-    let patched = target.map_or(Ok(()), |t| args.cluster.publish(t, &record));
+    let patched = target.map_or(Ok(()), |t| {
+        cli.full()?.publish_record(&args.cluster, t, &record)
+    });
     written.and(patched)
 }

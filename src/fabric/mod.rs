@@ -49,7 +49,17 @@ pub struct Sources {
     pub replay: Option<answers::Answers>,
     /// Notes every answer this pass uses, for `capture`.
     pub recorder: Option<answers::Recorder>,
+    /// NVML's reader, where this binary links it and NVML can work here
+    /// (see [`NvmlReader`]); without it `Auto` asks `nvidia-smi -q`.
+    pub nvml: Option<NvmlReader>,
 }
+
+/// Reads every GPU's Fabric block through NVML, from the library named or
+/// the default one. Passed in rather than called, so that the lean
+/// `nodefabric` binary (linked static, where dlopen is unsafe) links none of
+/// NVML's loader: only `nodefabric-full` hands it over.
+pub type NvmlReader =
+    fn(Option<&std::ffi::OsStr>) -> Result<BTreeMap<String, nvidia::FabricInfo>, nvml::NvmlError>;
 
 impl Default for Sources {
     fn default() -> Self {
@@ -59,6 +69,7 @@ impl Default for Sources {
             timeout: crate::tool::DEFAULT_TIMEOUT,
             replay: None,
             recorder: None,
+            nvml: None,
         }
     }
 }
@@ -108,11 +119,17 @@ fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInf
     };
     let (text, origin) = match &sources.nvidia {
         NvidiaSource::Nvml(lib) => {
-            return nvml::read(Some(lib.as_os_str())).map_err(Unreadable::Nvml)
+            let read = sources
+                .nvml
+                .ok_or(Unreadable::Nvml(nvml::NvmlError::NotLinked))?;
+            return read(Some(lib.as_os_str())).map_err(Unreadable::Nvml);
         }
-        NvidiaSource::Auto => match nvml::read(None) {
+        NvidiaSource::Auto => match sources
+            .nvml
+            .map_or(Err(nvml::NvmlError::NotLinked), |read| read(None))
+        {
             Ok(blocks) => return Ok(blocks),
-            Err(e @ nvml::NvmlError::Unavailable { .. }) => {
+            Err(e @ (nvml::NvmlError::Unavailable { .. } | nvml::NvmlError::NotLinked)) => {
                 debug!("{e}; reading nvidia-smi -q instead");
                 (
                     run_q(std::path::Path::new("nvidia-smi"))?,

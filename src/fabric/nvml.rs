@@ -36,6 +36,10 @@ pub enum NvmlError {
         /// Its error.
         why: String,
     },
+    /// Not asked: this binary does not link NVML's loader, or NVML cannot
+    /// work here (no `/dev/nvidiactl`, or the tree read is not the live `/sys`).
+    #[error("NVML not used here (nodefabric-full loads it where /dev/nvidiactl exists and the tree is the live /sys)")]
+    NotLinked,
 }
 
 /// Reads every GPU's fabric info, keyed by normalised PCI address.
