@@ -6,6 +6,11 @@
 {{/* Helm's own labels on every object, beside the part-of label deploy/ sets. */}}
 {{- define "nodefabric.labels" -}}
 app.kubernetes.io/part-of: nodefabric
+{{ include "nodefabric.helmLabels" . }}
+{{- end -}}
+
+{{/* Helm's own labels alone (the CRD, which deploy/ leaves unlabelled). */}}
+{{- define "nodefabric.helmLabels" -}}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
