@@ -449,11 +449,16 @@ fn grant(sa: &str, scope: &str, group: &str, res: &str, names: &str, verbs: &[&s
         .collect()
 }
 
+/// The rail mapping's form and shared ConfigMap, when it is on.
+type Rails<'a> = Option<(RecordForm, &'a str)>;
+/// gpuSource's namespace and DaemonSet, when set.
+type GpuExec<'a> = Option<(&'a str, &'a str)>;
+
 /// What each part needs, in words of the binaries' calls: the broker reads
 /// its Node and writes its record in the form in use; the observer watches
 /// Nodes and keeps that form clean; gpuSource adds the exec into the GPU
 /// Operator's pod on the node, in that namespace only.
-fn needed(rails: Option<(RecordForm, &str)>, gpu: Option<(&str, &str)>) -> BTreeSet<Grant> {
+fn needed(rails: Rails, gpu: GpuExec) -> BTreeSet<Grant> {
     let mut v = Vec::new();
     if let Some((form, cm)) = rails {
         v.extend(grant("nodefabric", "*", "", "nodes", "", &["get"]));
@@ -536,7 +541,7 @@ fn rbac_is_exactly_what_the_enabled_parts_need() {
     };
     let cm = RecordForm::Configmap;
     let cr = RecordForm::CustomResource;
-    let cases: [(&str, Option<(RecordForm, &str)>, Option<(&str, &str)>); 7] = [
+    let cases: [(&str, Rails, GpuExec); 7] = [
         ("default-values.yaml", None, None),
         ("hook-mode-values.yaml", None, None),
         ("interval-mode-values.yaml", None, None),
