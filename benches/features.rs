@@ -1,7 +1,7 @@
 //! Benchmark: wall time and peak RSS of `nodefabric features` on generated
-//! trees of 8, 512 and 8192 RDMA endpoints, beside a plain reader: a process
-//! that reads once each link and file a capture of the tree records (what
-//! one pass reads), by path, with no checks; and beside the tools an
+//! trees of 8, 512 and 4096 RDMA endpoints, beside a plain reader: a C
+//! program that reads once each link and file a capture of the tree records
+//! (what one pass reads), by path, with no checks; and beside the tools an
 //! operator would run for the same view, `lstopo` (hwloc, reading the tree
 //! through `HWLOC_FSROOT`) and `lspci -tv` (pciutils, through its sysfs
 //! access method), when they are on PATH. Writes `docs/benchmarks.md`'s
@@ -121,21 +121,54 @@ fn manifest(root: &Path) -> Vec<(String, bool)> {
     out
 }
 
-/// The plain reader's main: `--plain MANIFEST ROOT` (this bench binary
-/// re-executed, so it pays one process start like nodefabric does).
-fn plain(manifest: &Path, root: &Path) {
-    let list = fs::read_to_string(manifest).unwrap();
-    let mut bytes = 0usize;
-    for line in list.lines() {
-        let (kind, rel) = line.split_at(1);
-        let p = root.join(rel);
-        if kind == "L" {
-            bytes += fs::read_link(&p).map(|t| t.as_os_str().len()).unwrap_or(0);
+/// The plain reader: a C program that reads each path of a manifest once
+/// (`L` a link's text, `F` a file's bytes), joined to a root, with nothing
+/// else: what a hand-written reader of exactly those files costs. Built by
+/// the bench with the system C compiler as anyone would build it (`cc -O2`,
+/// dynamic), so it pays one ordinary process start as nodefabric does.
+const PLAIN_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    FILE *list = fopen(argv[1], "r");
+    if (!list) return 1;
+    char line[4096], path[8192], buf[65536];
+    size_t total = 0;
+    while (fgets(line, sizeof line, list)) {
+        line[strcspn(line, "\n")] = 0;
+        snprintf(path, sizeof path, "%s/%s", argv[2], line + 1);
+        if (line[0] == 'L') {
+            ssize_t n = readlink(path, buf, sizeof buf);
+            if (n > 0) total += n;
         } else {
-            bytes += fs::read(&p).map(|b| b.len()).unwrap_or(0);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) continue;
+            ssize_t n;
+            while ((n = read(fd, buf, sizeof buf)) > 0) total += n;
+            close(fd);
         }
     }
-    std::hint::black_box(bytes);
+    fclose(list);
+    return total == (size_t)-1;
+}
+"#;
+
+/// Compiles [`PLAIN_C`] into `dir`; the path of the program.
+fn build_plain(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("plain.c");
+    let bin = dir.join("plain");
+    fs::write(&src, PLAIN_C).unwrap();
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc (the plain reader is C)");
+    assert!(status.success(), "cc failed on the plain reader");
+    bin
 }
 
 /// The manifest as the plain reader gets it, after checking that it is
@@ -228,12 +261,48 @@ fn tool_once(cmd: Command) -> Duration {
     run.wall
 }
 
-/// Runs the plain reader once as a process: the bench binary again, so it
-/// pays one process start as nodefabric does.
-fn plain_once(manifest: &Path, root: &Path) -> Run {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.arg("--plain").arg(manifest).arg(root);
+/// Runs the plain reader once.
+fn plain_once(plain: &Path, manifest: &Path, root: &Path) -> Run {
+    let mut c = Command::new(plain);
+    c.arg(manifest).arg(root);
     measured(&c)
+}
+
+/// The tree sizes measured, in RDMA endpoints.
+const SIZES: [u32; 3] = [8, 512, 4096];
+
+/// Runs at the largest size, where each takes long enough to be steady.
+const BIG_RUNS: usize = 9;
+
+/// Start-up and size: `--version` of both binaries (parsing the command
+/// line and printing one line: what every call pays before reading a file)
+/// beside the C reader on an empty manifest (a process start and nothing
+/// else), interleaved; and the size of each binary on disk.
+fn startup(plain: &Path, dir: &Path) -> String {
+    let empty = dir.join("empty");
+    fs::write(&empty, "").unwrap();
+    let lean = Path::new(env!("CARGO_BIN_EXE_nodefabric"));
+    let full = Path::new(env!("CARGO_BIN_EXE_nodefabric-full"));
+    let (mut l, mut f, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        l.push(measured(Command::new(lean).arg("--version")).wall);
+        f.push(measured(Command::new(full).arg("--version")).wall);
+        p.push(measured(Command::new(plain).arg(&empty).arg(dir)).wall);
+    }
+    let (l, f, p) = (median(l), median(f), median(p));
+    let size = |b: &Path| fs::metadata(b).unwrap().len() as f64 / (1024.0 * 1024.0);
+    println!("start-up: nodefabric {l:?}, nodefabric-full {f:?}, C reader {p:?}");
+    format!(
+        "Start-up, median of {RUNS} interleaved runs: `nodefabric --version` {:.2} ms ({:.2}x the C reader on an empty list, {:.2} ms), \
+         `nodefabric-full --version` {:.2} ms ({:.2}x). Release binaries: `nodefabric` {:.1} MiB (static, non-PIE), `nodefabric-full` {:.1} MiB (dynamic, PIE); both unstripped.\n",
+        l.as_secs_f64() * 1e3,
+        l.as_secs_f64() / p.as_secs_f64(),
+        p.as_secs_f64() * 1e3,
+        f.as_secs_f64() * 1e3,
+        f.as_secs_f64() / p.as_secs_f64(),
+        size(lean),
+        size(full),
+    )
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -328,9 +397,6 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("--publish") {
         return publish_memory();
     }
-    if args.get(1).map(String::as_str) == Some("--plain") {
-        return plain(Path::new(&args[2]), Path::new(&args[3]));
-    }
     if args.get(1).map(String::as_str) == Some("--measure") {
         return measure(&args[2..]);
     }
@@ -343,11 +409,14 @@ fn main() {
         );
         return;
     }
+    let work = tempfile::tempdir().unwrap();
+    let plain = build_plain(work.path());
+    let startup = startup(&plain, work.path());
     let mut rows = Vec::new();
     let mut medians = Vec::new();
     let mut absent: Vec<&str> = Vec::new();
-    for endpoints in [8u32, 512, 8192] {
-        let runs = if endpoints > 1000 { 7 } else { RUNS };
+    for endpoints in SIZES {
+        let runs = if endpoints > 1000 { BIG_RUNS } else { RUNS };
         // sysfs lives in memory, so the tree does too (tmpfs) where available
         let dir = tempfile::tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
@@ -369,7 +438,7 @@ fn main() {
             let ours = run_once(&tree);
             times.push(ours.wall);
             rss = rss.max(ours.rss_kib);
-            let floor = plain_once(&manifest_file, &tree);
+            let floor = plain_once(&plain, &manifest_file, &tree);
             floors.push(floor.wall);
             plain_rss = plain_rss.max(floor.rss_kib);
             for (tool, acc) in TOOLS.iter().zip(&mut tool_times) {
@@ -424,14 +493,14 @@ fn main() {
         "## Discovery: `nodefabric features`\n\n\
          Generated trees (`tests/support/fixtures.rs::large`): 8 GPUs, 8 PFs, the rest VFs, on tmpfs (/dev/shm) as sysfs is in memory. \
          Each PCI function has, as on a real node, a `config` file and the `revision`, `subsystem_vendor` and `subsystem_device` attributes: the seven files `lspci -tv` opens per function (without these three, it read four: two opens failed and the third was not tried). \
-         Median of {RUNS} runs (7 at 8192 endpoints) of the release binary, interleaved with the plain reader and the tools, each started and timed by a small measuring process (the bench binary again), so that its peak RSS from wait4(2) is its own: a process started straight from the bench would be charged the bench's own memory. \
-         The plain reader is a process that reads each link and each file a capture of the same tree records, once each, \
+         Median of {RUNS} runs ({BIG_RUNS} at 4096 endpoints) of the release binary, interleaved with the plain reader and the tools, each started and timed by a small measuring process (the bench binary again), so that its peak RSS from wait4(2) is its own: a process started straight from the bench would be charged the bench's own memory. \
+         The plain reader is a C program (built by the bench with `cc -O2`, dynamic, as one would build it) that reads each link and each file a capture of the same tree records, once each, \
          by its path: no canonicalisation, no containment check, no listing of folders (the bench checks that list: each path once, of the kind read). \
          `lstopo` is hwloc's `lstopo-no-graphics --of console` with `HWLOC_FSROOT` at the tree; `lspci -tv` reads it with `-A linux-sysfs -O sysfs.path=TREE/bus/pci`; \
          each tool cell is its median and, in brackets, `features` time over the tool's (below 1 is faster).{missing} \
          The machine is shared with other builds, so figures move by 10-30% between runs; the ratios, taken from interleaved runs, move less. \
-         Growth exponent of `features` from 8 to 8192 endpoints: {:.2}; from 512 to 8192: {:.2}.\n\n\
-         | endpoints | paths read | wall ms | plain reader ms | ratio | lstopo ms | lspci -tv ms | peak RSS MiB (plain reader's) |\n|---|---|---|---|---|---|---|---|\n{}\n",
+         Growth exponent of `features` from 8 to 4096 endpoints: {:.2}; from 512 to 4096: {:.2}.\n\n\
+         | endpoints | paths read | wall ms | plain reader ms | ratio | lstopo ms | lspci -tv ms | peak RSS MiB (plain reader's) |\n|---|---|---|---|---|---|---|---|\n{}\n\n{startup}",
         growth(medians[0], medians[2]),
         growth(medians[1], medians[2]),
         rows.join("\n")

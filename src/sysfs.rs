@@ -724,21 +724,24 @@ impl SysRoot {
             }
         };
         // Only kernfs's regular files, folders and links can be open here on
-        // a live sysfs, and a folder says so when read; elsewhere the type
-        // is asked of the open file, which cannot change under us.
+        // a live sysfs, and a folder says so when read. Elsewhere the type
+        // is asked of the open file (which cannot change under us) only
+        // when the read gave nothing or failed: that is how a FIFO, a device
+        // or a folder answers a non-blocking read, and one system call per
+        // attribute is saved. What does answer with bytes is still bounded
+        // by the cap and was opened without blocking.
         let trusted = self.kernfs && abs.is_none();
-        let ft = if trusted {
-            None
-        } else {
-            Some(file.metadata().map_err(io)?.file_type())
-        };
-        if let Some(ft) = ft.filter(|ft| !ft.is_file()) {
-            return Err(SysError::NotRegular {
-                path: rel.to_string(),
-                kind: crate::input::kind_of(ft),
-            });
+        let read = read_capped(&file);
+        if !trusted && !matches!(&read, Ok(buf) if !buf.is_empty()) {
+            let ft = file.metadata().map_err(io)?.file_type();
+            if !ft.is_file() {
+                return Err(SysError::NotRegular {
+                    path: rel.to_string(),
+                    kind: crate::input::kind_of(ft),
+                });
+            }
         }
-        let buf = match read_capped(file) {
+        let buf = match read {
             Ok(buf) => buf,
             Err(e) if trusted && e.raw_os_error() == Some(libc::EISDIR) => {
                 return Err(SysError::NotRegular {
@@ -879,7 +882,7 @@ impl SysRoot {
 /// "exactly 64 KiB" and "more" differ. A regular file answers a read short
 /// only at its end, so a short read ends it without asking again: a sysfs
 /// attribute (one page at most) costs a single `read`.
-fn read_capped(mut file: fs::File) -> std::io::Result<Vec<u8>> {
+fn read_capped(mut file: &fs::File) -> std::io::Result<Vec<u8>> {
     // A first read into the stack: most attributes are a few bytes, and a
     // page-sized heap buffer per read cost more than the read itself.
     let mut first = [0u8; 512];

@@ -75,6 +75,7 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
         vf_netdevs,
         vf_parents: VfParents::default(),
         node_cpus: NodeCpus::default(),
+        bound: rdma::BoundIndex::read(root),
     };
     for (name, at) in &located {
         match at {
@@ -110,6 +111,8 @@ struct Walk<'a> {
     vf_parents: VfParents,
     /// One `local_cpulist` per NUMA node (see [`NodeCpus`]).
     node_cpus: NodeCpus,
+    /// Which RDMA device each device folder has bound, from one listing.
+    bound: rdma::BoundIndex,
 }
 
 /// Where one `class/net` entry lives: its canonical net folder, its device
@@ -286,7 +289,7 @@ impl Walk<'_> {
                 Err(why) => note(&mut iface, Fact::VirtualFunctionsConfigured, why),
             }
         }
-        match rdma::bound_device(root, dev) {
+        match self.bound.bound_device(root, dev) {
             Ok(Some(ibdev)) => {
                 iface.link = Some(rdma::link_verdict(root, dev, &ibdev));
                 iface.rdma = true;

@@ -18,6 +18,57 @@ pub fn bound_device(root: &SysRoot, device: &str) -> Result<Option<String>, SysE
     }
 }
 
+/// Which RDMA device each device folder has bound, from one listing of
+/// `class/infiniband` and one link per RDMA device, instead of a listing of
+/// `<device>/infiniband/` for every network device: on a node of hundreds of
+/// VFs that listing was a tenth of a pass's system calls.
+///
+/// The kernel lists every RDMA device there, so the class folder answers
+/// for all. Where it cannot be listed or one of its links cannot be
+/// followed (a damaged tree, a capture made before the index), the index is
+/// not used and each device's own folder is listed, as before, so that an
+/// unreadable folder is still reported as unreadable and never taken for
+/// "no RDMA device".
+#[derive(Debug, Default)]
+pub struct BoundIndex {
+    /// Device folder → the first (by name) RDMA device under it; `None`
+    /// when the index could not be read whole.
+    by_device: Option<HashMap<String, String>>,
+}
+
+impl BoundIndex {
+    /// Reads `class/infiniband` and each entry's link.
+    pub fn read(root: &SysRoot) -> BoundIndex {
+        BoundIndex {
+            by_device: Self::read_whole(root),
+        }
+    }
+
+    fn read_whole(root: &SysRoot) -> Option<HashMap<String, String>> {
+        let names = root.list("class/infiniband").ok()?;
+        let mut by_device: HashMap<String, String> = HashMap::with_capacity(names.len());
+        for name in names {
+            let canonical = root.resolve(&join("class/infiniband", &name)).ok()?;
+            // `<device>/infiniband/<name>`: anything else is not the kernel's layout.
+            let device = canonical
+                .strip_suffix(name.as_str())?
+                .strip_suffix("/infiniband/")?;
+            // Listed in name order, so the first kept is the first by name,
+            // as a listing of the device's own folder would give it.
+            by_device.entry(device.to_string()).or_insert(name);
+        }
+        Some(by_device)
+    }
+
+    /// The RDMA device bound to `device`, as [`bound_device`] answers it.
+    pub fn bound_device(&self, root: &SysRoot, device: &str) -> Result<Option<String>, SysError> {
+        match &self.by_device {
+            Some(index) => Ok(index.get(device).cloned()),
+            None => bound_device(root, device),
+        }
+    }
+}
+
 /// The enum name of a port attribute: `4: ACTIVE` → `ACTIVE`. The kernel
 /// prints `<number>: <NAME>`; a value without the number is taken whole.
 fn enum_name(value: &str) -> &str {
