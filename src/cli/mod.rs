@@ -366,7 +366,8 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             let options = r.rails.options(config.as_ref())?;
             let root = open_tree(cli)?;
             let pass = one_pass_on(cli, &root, r.state_dir.as_deref(), false)?;
-            let record = rails::rail_record(cli, &root, &pass, &r.rails, config.as_ref(), &options)?;
+            let record =
+                rails::rail_record(cli, &root, &pass, &r.rails, config.as_ref(), &options)?;
             if let Some(target) = target {
                 r.rails.cluster.publish(&target, &record)?;
             }

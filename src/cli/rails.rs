@@ -242,7 +242,8 @@ pub(super) fn rail_sources(
     record: &crate::record::NodeRecord,
 ) -> Result<rail_inputs::Sources> {
     let mut sources = inputs.sources(port_source, cli);
-    let flagged = inputs.gpu_operator_daemonset.is_some() || inputs.gpu_operator_namespace.is_some();
+    let flagged =
+        inputs.gpu_operator_daemonset.is_some() || inputs.gpu_operator_namespace.is_some();
     if flagged && cli.nvidia_smi.is_some() {
         anyhow::bail!("--nvidia-smi runs nvidia-smi on this node and --gpu-operator-daemonset in the GPU Operator's pod: name one");
     }

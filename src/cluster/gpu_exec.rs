@@ -193,27 +193,23 @@ pub async fn find_pod(client: &Client, settings: &Settings) -> Result<Target, Cl
     };
     let pod = match running.as_slice() {
         [one] => *one,
-        [] => {
-            return Err(ClusterError::Malformed {
-                what: list,
-                message: format!(
-                    "{ds_name} has no Running pod on node {}: {}; nvidia-smi is asked in exactly one",
-                    settings.node,
-                    found()
-                ),
-            })
-        }
-        _ => {
-            return Err(ClusterError::Malformed {
-                what: list,
-                message: format!(
-                    "{ds_name} has {} Running pods on node {}: {}; nvidia-smi is asked in exactly one",
-                    running.len(),
-                    settings.node,
-                    found()
-                ),
-            })
-        }
+        [] => return Err(ClusterError::Malformed {
+            what: list,
+            message: format!(
+                "{ds_name} has no Running pod on node {}: {}; nvidia-smi is asked in exactly one",
+                settings.node,
+                found()
+            ),
+        }),
+        _ => return Err(ClusterError::Malformed {
+            what: list,
+            message: format!(
+                "{ds_name} has {} Running pods on node {}: {}; nvidia-smi is asked in exactly one",
+                running.len(),
+                settings.node,
+                found()
+            ),
+        }),
     };
     let containers = pod.spec.as_ref().map(|s| &s.containers[..]).unwrap_or(&[]);
     let named = pod
@@ -306,17 +302,44 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
         })?;
     let stdout = process.stdout().expect("stdout asked");
     let stderr = process.stderr().expect("stderr asked");
-    let status = process.take_status().expect("status taken once");
-    // Both streams are drained together: the message loop stops on a full pipe.
-    let (out, err) = tokio::join!(capped(stdout, cap), capped(stderr, cap));
-    let out = out.map_err(|n| format!("printed more than {n} bytes on stdout (the cap); refused, not parsed"))?;
-    let err = err.map_err(|n| format!("printed more than {n} bytes on stderr (the cap); refused"))?;
-    let status = status.await;
-    // The loop's own failure (a broken frame, a reset) says why the status is missing.
-    let ended = process.join().await;
+    let mut status = Box::pin(process.take_status().expect("status taken once"));
+    // Both streams are drained together: kube-rs's message loop waits on a
+    // full pipe. They end when the loop ends with a status or a clean
+    // close; a loop that fails (a dropped connection) leaves them open, so
+    // the status (its sender dropped then) is awaited beside them.
+    let mut reads = Box::pin(async { tokio::join!(capped(stdout, cap), capped(stderr, cap)) });
+    let first = tokio::select! {
+        read = &mut reads => Ok(read),
+        got = &mut status => Err(got),
+    };
+    let (got, (out, err)) = match first {
+        Ok(read) => (None, read),
+        Err(Some(got)) => (Some(got), reads.await),
+        Err(None) => {
+            let cause = match process.join().await {
+                Err(e) => format!(": {}", super::error::Chain(&e)),
+                Ok(()) => String::new(),
+            };
+            return Err(format!(
+                "the exec connection closed before the command's exit status{cause}"
+            ));
+        }
+    };
+    // Checked before the status is awaited: past the cap the loop waits on
+    // a pipe nobody reads.
+    let out = out.map_err(|n| {
+        format!("printed more than {n} bytes on stdout (the cap); refused, not parsed")
+    })?;
+    let err =
+        err.map_err(|n| format!("printed more than {n} bytes on stderr (the cap); refused"))?;
+    let status = match got {
+        Some(got) => Some(got),
+        None => status.await,
+    };
     let stderr_text = || {
         let text = String::from_utf8_lossy(&err);
-        crate::tool::cap_text(text.trim(), crate::tool::MAX_STDERR_KEPT, err.len() as u64)
+        let text = text.trim();
+        crate::tool::cap_text(text, crate::tool::MAX_STDERR_KEPT, text.len() as u64)
     };
     match status {
         Some(s) if s.status.as_deref() == Some("Success") => {
@@ -341,16 +364,7 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
             };
             Err(format!("{said}: {}", stderr_text()))
         }
-        None => {
-            let cause = match ended {
-                Err(e) => format!(": {}", super::error::Chain(&e)),
-                Ok(()) => String::new(),
-            };
-            Err(format!(
-                "the exec connection closed before the command's exit status ({} bytes of stdout read){cause}",
-                out.len()
-            ))
-        }
+        None => Err("the exec connection closed before the command's exit status".into()),
     }
 }
 
