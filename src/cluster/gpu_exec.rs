@@ -193,23 +193,27 @@ pub async fn find_pod(client: &Client, settings: &Settings) -> Result<Target, Cl
     };
     let pod = match running.as_slice() {
         [one] => *one,
-        [] => return Err(ClusterError::Malformed {
-            what: list,
-            message: format!(
+        [] => {
+            return Err(ClusterError::Malformed {
+                what: list,
+                message: format!(
                 "{ds_name} has no Running pod on node {}: {}; nvidia-smi is asked in exactly one",
                 settings.node,
                 found()
             ),
-        }),
-        _ => return Err(ClusterError::Malformed {
-            what: list,
-            message: format!(
+            })
+        }
+        _ => {
+            return Err(ClusterError::Malformed {
+                what: list,
+                message: format!(
                 "{ds_name} has {} Running pods on node {}: {}; nvidia-smi is asked in exactly one",
                 running.len(),
                 settings.node,
                 found()
             ),
-        }),
+            })
+        }
     };
     let containers = pod.spec.as_ref().map(|s| &s.containers[..]).unwrap_or(&[]);
     let named = pod
