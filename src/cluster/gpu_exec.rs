@@ -296,6 +296,12 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
         .exec(&pod.name, command.to_vec(), &params)
         .await
         .map_err(|e| match code(&e) {
+            // RBAC's refusal is a Forbidden Status; the websocket handshake's
+            // (no channel protocol in common) is a bare 403.
+            Some(403) if !is_rbac(&e) => format!(
+                "exec: the API server refused the websocket upgrade (403 without a Status: no channel protocol in common with {})",
+                ["v5.channel.k8s.io", "v4.channel.k8s.io"].join(", ")
+            ),
             Some(403) => ClusterError::Forbidden {
                 what: "exec".into(),
                 needs: format!("`create` on pods/exec in namespace {}", pod.namespace),
@@ -370,6 +376,11 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
         }
         None => Err("the exec connection closed before the command's exit status".into()),
     }
+}
+
+/// Whether a 403 is the authorizer's (a `Status` with reason Forbidden).
+fn is_rbac(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.reason == "Forbidden")
 }
 
 /// Reads `stream` to its end, or stops at more than `cap` bytes (`Err(cap)`).
