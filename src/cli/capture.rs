@@ -18,6 +18,11 @@ pub struct CaptureArgs {
     /// answered, for `rails` on its replay.
     #[command(flatten)]
     pub rails: RailInputArgs,
+
+    /// This node's name, for --gpu-operator-daemonset: the pod asked is
+    /// the one on this Node.
+    #[arg(long, value_name = "NAME", env = "NODE_NAME", value_parser = super::cluster_args::parse_node_name)]
+    pub node_name: Option<String>,
 }
 
 /// Runs one pass on a recording tree and packs what it read.
@@ -33,7 +38,18 @@ pub(super) fn capture(cli: &Cli, args: &CaptureArgs) -> Result<()> {
         .with_context(|| format!("reading sysfs tree {}", cli.sysfs_root.display()))?;
     // The host-lldp source reads everything the other one does, and the
     // LLDP table besides: a replay can then build either.
-    let rail_sources = args.rails.sources(rails::PortSource::HostLldp, cli);
+    let broker = super::BrokerArgs {
+        node_name: args.node_name.clone(),
+        ..Default::default()
+    };
+    let rail_sources = super::rails::rail_sources(
+        cli,
+        &args.rails,
+        rails::PortSource::HostLldp,
+        None,
+        &broker,
+        &pass.record,
+    )?;
     let rail_inputs = rail_inputs::read(&root, &pass.record, &rail_sources);
     let recorded = root.recorded();
     let answers = recorder.lock().expect("recorder lock").clone();

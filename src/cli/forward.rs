@@ -26,6 +26,13 @@ pub fn needed(cli: &Cli) -> Option<&'static str> {
         Command::Publish(p) if p.rails.cluster.may_use_api() => return Some(
             "a cluster is configured or named: the rail record may be read from or written to it",
         ),
+        Command::Capture(c)
+            if c.rails.gpu_operator_named() || crate::cluster::client::configured() =>
+        {
+            return Some(
+                "a cluster is configured or named: nvidia-smi may be run in the GPU Operator's pod",
+            )
+        }
         Command::Inventory(_) | Command::Features(_) | Command::Preflight(_) => true,
         Command::Publish(_) | Command::Capture(_) => true,
         Command::Cdi(_) | Command::Rails(_) => false,

@@ -10,7 +10,9 @@
 
 use super::{BrokerArgs, Cli, ObserveArgs, PublishArgs};
 use crate::cluster::broker::Target;
+use crate::cluster::gpu_exec;
 use crate::fabric;
+use crate::rails::answers::NvidiaAnswers;
 use crate::rails::RailRecord;
 use anyhow::Result;
 use std::process::ExitCode;
@@ -36,6 +38,9 @@ pub trait Full: std::fmt::Debug + Sync {
     fn publish_every(&self, cli: &Cli, args: &PublishArgs, interval: Duration) -> Result<ExitCode>;
     /// NVML's fabric reader (loaded with dlopen, which a static binary cannot do safely).
     fn nvml(&self) -> fabric::NvmlReader;
+    /// nvidia-smi's answers from the same-node GPU Operator pod, by exec
+    /// (see [`crate::cluster::gpu_exec`]).
+    fn gpu_answers(&self, broker: &BrokerArgs, settings: &gpu_exec::Settings) -> NvidiaAnswers;
 }
 
 /// The real parts, as `nodefabric-full` links them.
@@ -73,5 +78,9 @@ impl Full for Linked {
 
     fn nvml(&self) -> fabric::NvmlReader {
         fabric::nvml::read
+    }
+
+    fn gpu_answers(&self, broker: &BrokerArgs, settings: &gpu_exec::Settings) -> NvidiaAnswers {
+        gpu_exec::answers(&broker.broker().settings.client, settings)
     }
 }

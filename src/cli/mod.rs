@@ -417,7 +417,8 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
             let options = r.rails.options(cli, config.as_ref())?;
             let root = open_tree(cli)?;
             let pass = one_pass_on(cli, &root, r.state_dir.as_deref(), false)?;
-            let record = rails::rail_record(cli, &root, &pass, &r.rails, &options)?;
+            let record =
+                rails::rail_record(cli, &root, &pass, &r.rails, config.as_ref(), &options)?;
             if let Some(target) = target {
                 cli.full()?
                     .publish_record(&r.rails.cluster, &target, &record)?;

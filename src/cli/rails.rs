@@ -78,9 +78,32 @@ pub struct RailInputArgs {
     /// Take every GPU's paths from the PCIe walk, even where nvidia-smi exists.
     #[arg(long, conflicts_with = "topo_file")]
     pub sysfs_paths: bool,
+
+    /// Run nvidia-smi in this DaemonSet's Running pod on this node
+    /// (--node-name) through the API server's exec, not on the node
+    /// (gpuSource.daemonSet in --rails-config); needs a cluster
+    /// (KUBECONFIG, or in a pod) and --gpu-operator-namespace.
+    #[arg(long, value_name = "NAME", value_parser = parse_object_name, conflicts_with_all = ["topo_file", "sysfs_paths"])]
+    pub gpu_operator_daemonset: Option<String>,
+
+    /// The namespace of --gpu-operator-daemonset (gpuSource.gpuOperatorNamespace
+    /// in --rails-config).
+    #[arg(long, value_name = "NAMESPACE", value_parser = parse_object_name, conflicts_with_all = ["topo_file", "sysfs_paths"])]
+    pub gpu_operator_namespace: Option<String>,
+}
+
+/// Parses a namespace or object name for clap: one that is no DNS name
+/// would reach the API as another path.
+fn parse_object_name(s: &str) -> std::result::Result<String, String> {
+    crate::names::parse_namespace(s).map_err(|e| e.to_string())
 }
 
 impl RailInputArgs {
+    /// True when a GPU Operator flag is given (nvidia-smi is then run in its pod).
+    pub fn gpu_operator_named(&self) -> bool {
+        self.gpu_operator_daemonset.is_some() || self.gpu_operator_namespace.is_some()
+    }
+
     /// The rail inputs these flags name. Replaying a capture that holds rail
     /// answers, each input not named on the command line (the LLDP table;
     /// nvidia-smi, with --nvidia-smi, --topo-file or --sysfs-paths naming
@@ -197,11 +220,85 @@ pub(super) fn rail_record(
     root: &SysRoot,
     pass: &Pass,
     args: &RailArgs,
+    config: Option<&rails::config::RailConfig>,
     options: &rails::Options,
 ) -> Result<rails::RailRecord> {
-    let sources = args.inputs.sources(options.source, cli);
+    let gpu_source = config.and_then(|c| c.gpu_source.as_ref());
+    let sources = rail_sources(
+        cli,
+        &args.inputs,
+        options.source,
+        gpu_source,
+        &args.cluster,
+        &pass.record,
+    )?;
     let inputs = rail_inputs::read(root, &pass.record, &sources);
     Ok(rails::build(&pass.record, &inputs, options)?)
+}
+
+/// The rail inputs of one pass (`rails`, `publish`, `capture`): the local
+/// ones the flags name, except that where a GPU source is configured
+/// (--gpu-operator-namespace/--gpu-operator-daemonset, or the values
+/// file's gpuSource where a cluster is configured, flags winning key by
+/// key) nvidia-smi's answers are asked of the GPU Operator's pod on this
+/// node first, on a node whose record has an NVIDIA GPU. A local input named
+/// on the command line (--topo-file, --sysfs-paths, --nvidia-smi) or a
+/// replayed capture's answers win over the values file; over the flags,
+/// only a replay's do not.
+pub(super) fn rail_sources(
+    cli: &Cli,
+    inputs: &RailInputArgs,
+    port_source: rails::PortSource,
+    gpu_source: Option<&rails::config::GpuSourceConfig>,
+    broker: &super::BrokerArgs,
+    record: &crate::record::NodeRecord,
+) -> Result<rail_inputs::Sources> {
+    let mut sources = inputs.sources(port_source, cli);
+    let flagged = inputs.gpu_operator_named();
+    if flagged && cli.nvidia_smi.is_some() {
+        anyhow::bail!("--nvidia-smi runs nvidia-smi on this node and --gpu-operator-daemonset in the GPU Operator's pod: name one");
+    }
+    let configured = gpu_source.filter(|_| cluster::client::configured());
+    if !flagged && configured.is_none() {
+        return Ok(sources);
+    }
+    let local = match &sources.nvidia {
+        NvidiaSource::Command(None) => false,
+        NvidiaSource::Replay(_) => !flagged,
+        _ => true,
+    };
+    if local {
+        return Ok(sources);
+    }
+    if flagged && !cluster::client::configured() {
+        anyhow::bail!("--gpu-operator-daemonset asks the API server to run nvidia-smi: set KUBECONFIG, or run in a pod");
+    }
+    let namespace = inputs.gpu_operator_namespace.clone()
+        .or_else(|| configured.and_then(|c| c.gpu_operator_namespace.clone()))
+        .context("the GPU source needs --gpu-operator-namespace (or gpuSource.gpuOperatorNamespace in --rails-config)")?;
+    let daemon_set = inputs.gpu_operator_daemonset.clone()
+        .or_else(|| configured.and_then(|c| c.daemon_set.clone()))
+        .context("the GPU source needs --gpu-operator-daemonset (or gpuSource.daemonSet in --rails-config)")?;
+    let node = broker.node_name.clone().with_context(|| {
+        format!("the GPU source (DaemonSet {namespace}/{daemon_set}) needs --node-name (or NODE_NAME): its pod on this node is asked")
+    })?;
+    // As for a local run: a node without an NVIDIA GPU has nothing to ask,
+    // and no GPU Operator pod to ask it of.
+    let has_nvidia = record
+        .accelerators()
+        .any(|a| a.manufacturer == crate::record::Vendor::Nvidia);
+    if !has_nvidia {
+        return Ok(sources);
+    }
+    let settings = cluster::gpu_exec::Settings {
+        namespace,
+        daemon_set,
+        node,
+        timeout: cli.tool_timeout,
+        cap: rails::MAX_SAVED_OUTPUT,
+    };
+    sources.nvidia = NvidiaSource::Answered(cli.full()?.gpu_answers(broker, &settings));
+    Ok(sources)
 }
 
 /// Writes the rail record to `file` if it changed, and to this node's
@@ -223,7 +320,7 @@ pub(super) fn publish_rails(
     };
     let record = args
         .options(cli, config)
-        .and_then(|o| rail_record(cli, root, pass, args, &o))
+        .and_then(|o| rail_record(cli, root, pass, args, config, &o))
         .with_context(|| format!("rail record not built; {kept}"))?;
     // The file does not wait on the cluster: each fails or succeeds on its own.
     let written = file.map_or(Ok(()), |file| {

@@ -6,6 +6,8 @@
 //!   key of the shared ConfigMap or its own NodeRailRecord ([`node_rail_record`]);
 //! - [`observer`]: the Node Observer, which creates and owns the shared
 //!   ConfigMap and removes the records of deleted or replaced Nodes;
+//! - [`gpu_exec`]: nvidia-smi's rail answers, run in the same-node GPU
+//!   Operator pod through the exec subresource (`gpuSource`);
 //! - [`health`]: the probes of the long-running parts.
 //!
 //! Each part takes plain settings; the flags that fill them live in
@@ -14,6 +16,7 @@
 pub mod broker;
 pub mod client;
 pub(crate) mod error;
+pub mod gpu_exec;
 pub mod health;
 pub mod node_rail_record;
 pub mod observer;

@@ -41,6 +41,10 @@ pub enum NvidiaSource {
     Sysfs,
     /// A replayed capture's answers (`None`: the captured pass did not ask).
     Replay(Option<NvidiaAnswers>),
+    /// Answers gathered before the read by another asker (the GPU
+    /// Operator's pod on this node, `gpuSource`), taken as they are: a
+    /// failed one fails the rail build as a failed local run does.
+    Answered(NvidiaAnswers),
 }
 
 /// The rail inputs one pass reads.
@@ -113,6 +117,7 @@ fn nvidia_answers(
     match source {
         NvidiaSource::Sysfs => None,
         NvidiaSource::Replay(answers) => answers.clone(),
+        NvidiaSource::Answered(answers) => Some(answers.clone()),
         NvidiaSource::Files { query, topo } => {
             let query = saved(query, timeout);
             // The matrix is read only for a query that was: its failure is the answer.

@@ -20,13 +20,16 @@ pub enum Origin {
     Command(String),
     /// A saved output named on the command line, by its path.
     File(String),
+    /// A command run in another pod through the API server's exec (the
+    /// GPU Operator's pod on this node, `gpuSource`), naming the pod and command.
+    Exec(String),
 }
 
 impl Origin {
     /// The command or path.
     pub fn name(&self) -> &str {
         match self {
-            Origin::Command(s) | Origin::File(s) => s,
+            Origin::Command(s) | Origin::File(s) | Origin::Exec(s) => s,
         }
     }
 }

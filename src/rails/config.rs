@@ -15,7 +15,7 @@
 //!   # interfaceName:
 //!   #   interfaceRegex: '^mlx5_([0-9]+)$'
 //!   #   railID: 'rail$1'
-//! gpuSource:                                # cluster-side; accepted and not used here
+//! gpuSource:                                # nvidia-smi in the GPU Operator's pod on the node, where a cluster is configured
 //!   gpuOperatorNamespace: gpu-operator
 //!   daemonSet: nvidia-device-plugin-daemonset
 //! ```
@@ -84,8 +84,9 @@ pub struct RailConfig {
     pub config_map_name: Option<String>,
     /// Where rails come from.
     pub rail_source: RailSource,
-    /// Where a cluster deployment finds nvidia-smi (not used node-locally:
-    /// `nodefabric` runs nvidia-smi on its own node).
+    /// Where a cluster deployment finds nvidia-smi: the GPU Operator's pod
+    /// on this node (used where a cluster is configured; the flags
+    /// `--gpu-operator-namespace`/`--gpu-operator-daemonset` win).
     #[serde(default)]
     pub gpu_source: Option<GpuSourceConfig>,
 }
@@ -131,7 +132,7 @@ pub struct HostLldp {
     pub rail_id: String,
 }
 
-/// `gpuSource` (cluster-side settings, accepted for a shared values file).
+/// `gpuSource`: the GPU Operator's DaemonSet whose pod on this node runs nvidia-smi.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuSourceConfig {

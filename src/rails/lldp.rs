@@ -38,7 +38,9 @@ pub enum LldpError {
 /// How a text that is not JSON is named: by the command that printed it, or the file.
 fn not_json(origin: &Origin) -> String {
     match origin {
-        Origin::Command(cmd) => format!("{cmd} printed something that is not JSON"),
+        Origin::Command(cmd) | Origin::Exec(cmd) => {
+            format!("{cmd} printed something that is not JSON")
+        }
         Origin::File(path) => format!("{path} is not JSON"),
     }
 }

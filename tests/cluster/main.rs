@@ -8,6 +8,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod gpu_exec;
+
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
 use std::fs;
@@ -48,6 +50,11 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with_cluster(Cluster::start)
+    }
+
+    /// A world on the cluster `start` makes in the test's folder.
+    fn with_cluster(start: impl FnOnce(&Path) -> Cluster) -> World {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let root = dir.join("sys");
@@ -58,7 +65,7 @@ impl World {
             broker_kubeconfig,
             observer_kubeconfig,
             ..
-        } = Cluster::start(&dir);
+        } = start(&dir);
         let w = World {
             api,
             _tmp: tmp,

@@ -626,3 +626,46 @@ fn the_test_command_takes_containerd_from_the_machines_own_debian_mirror() {
         (Some(0), "http://local.mirror/debian".into(), String::new())
     );
 }
+
+#[test]
+fn the_gpu_exec_component_grants_the_publisher_exactly_the_exec_in_the_gpu_operator_namespace() {
+    let dir = deploy().join("components/gpu-exec");
+    let kustomization = fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    for file in ["role.yaml", "rolebinding.yaml"] {
+        assert!(kustomization.contains(file), "{file} listed");
+    }
+    let role: Role = typed("gpu-exec role", &yaml("components/gpu-exec/role.yaml"));
+    let binding: RoleBinding = typed(
+        "gpu-exec binding",
+        &yaml("components/gpu-exec/rolebinding.yaml"),
+    );
+    assert_eq!(role.metadata.namespace.as_deref(), Some("gpu-operator"));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some("gpu-operator"));
+    let rbac = Rbac::from_deploy();
+    let me = ("nodefabric", "nodefabric");
+    let ns = Some("gpu-operator");
+    let pod = Some("nvidia-device-plugin-daemonset-x7k2p");
+    assert_eq!(
+        verbs(&rbac, me, "apps", "daemonsets", ns, Some("ds")),
+        ["get"]
+    );
+    assert_eq!(verbs(&rbac, me, "", "pods", ns, None), ["list"]);
+    assert_eq!(verbs(&rbac, me, "", "pods", ns, pod), ["list"]);
+    assert_eq!(
+        verbs(&rbac, me, "", "pods/exec", ns, pod),
+        ["get", "create"]
+    );
+    // Nowhere else, and no other account.
+    assert!(verbs(&rbac, me, "", "pods/exec", Some("nodefabric"), pod).is_empty());
+    assert!(verbs(&rbac, me, "", "pods/exec", None, pod).is_empty());
+    assert!(verbs(
+        &rbac,
+        ("nodefabric", "nodefabric-observer"),
+        "",
+        "pods/exec",
+        ns,
+        pod
+    )
+    .is_empty());
+    assert!(verbs(&rbac, me, "", "secrets", ns, None).is_empty());
+}

@@ -14,6 +14,8 @@
 //!   together at most 1 MiB (422 with cause FieldValueTooLong); a no-op
 //!   patch keeps the resourceVersion.
 //! - Deployments: GET.
+//! - DaemonSets, pods and the pod `exec` subresource (a websocket upgrade
+//!   speaking the channel protocol): see [`exec`].
 //! - `resource.k8s.io/v1` ResourceSlices and ResourceClaims: see [`dra`].
 //! - `Accept: …;as=PartialObjectMetadata[List]` answers metadata only.
 //! - Every error is a `Status` object with the real reason and code.
@@ -42,6 +44,8 @@ use std::time::Duration;
 
 #[path = "apiserver_dra.rs"]
 pub mod dra;
+#[path = "apiserver_exec.rs"]
+pub mod exec;
 
 /// The administrator's token: every request allowed.
 pub const TOKEN: &str = "nodefabric-test-token";
@@ -115,6 +119,8 @@ pub struct State {
     owners: BTreeMap<String, Ownership>,
     /// Device attributes created ResourceSlices lose (a feature gate off).
     dropped_device_fields: Vec<String>,
+    /// The scripted exec answers and the execs served.
+    pub exec: exec::Execs,
 }
 
 /// Who owns which fields of one custom object.
@@ -278,8 +284,13 @@ fn data(rel: &str) -> PathBuf {
 }
 
 impl ApiServer {
-    /// Starts a server on a thread of its own.
+    /// Starts a server on a thread of its own, under deploy/'s RBAC.
     pub fn start() -> ApiServer {
+        ApiServer::start_with(super::apiserver_rbac::Rbac::from_deploy())
+    }
+
+    /// Starts a server on a thread of its own, under `rbac`.
+    pub fn start_with(rbac: super::apiserver_rbac::Rbac) -> ApiServer {
         let certs = vec![CertificateDer::from_pem_file(data("tls/server.crt")).unwrap()];
         let key = PrivateKeyDer::from_pem_file(data("tls/server.key")).unwrap();
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -300,7 +311,7 @@ impl ApiServer {
             ..Default::default()
         }));
         let (wake, _) = tokio::sync::watch::channel(0u64);
-        let rbac = Arc::new(super::apiserver_rbac::Rbac::from_deploy());
+        let rbac = Arc::new(rbac);
         let server = ApiServer {
             port,
             state: state.clone(),
@@ -328,12 +339,72 @@ impl ApiServer {
                         });
                         let _ = hyper::server::conn::http1::Builder::new()
                             .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                            // An exec's connection is handed to its websocket.
+                            .with_upgrades()
                             .await;
                     });
                 }
             });
         });
         server
+    }
+
+    /// Adds DaemonSet `ns/name` selecting pods by `labels` (its
+    /// `spec.selector.matchLabels`, as the GPU Operator's are).
+    pub fn add_daemonset(&self, ns: &str, name: &str, labels: Value) {
+        self.with(|s| {
+            let uid = s.uid();
+            let rv = s.bump();
+            let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": name, "namespace": ns, "uid": uid, "resourceVersion": rv.to_string()},
+                "spec": {"selector": {"matchLabels": labels},
+                         "template": {"metadata": {"labels": labels}, "spec": {"containers": []}}}});
+            s.objects.insert(key("daemonsets", ns, name), ds);
+        });
+    }
+
+    /// Adds pod `ns/name` on `node` with `labels`, in `phase`, with these containers.
+    pub fn add_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        labels: Value,
+        phase: &str,
+        containers: &[&str],
+    ) {
+        self.with(|s| {
+            let uid = s.uid();
+            let rv = s.bump();
+            let containers: Vec<Value> = containers
+                .iter()
+                .map(|c| json!({"name": c, "image": "nvcr.io/nvidia/k8s-device-plugin"}))
+                .collect();
+            let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "uid": uid, "labels": labels, "resourceVersion": rv.to_string()},
+                "spec": {"nodeName": node, "containers": containers},
+                "status": {"phase": phase}});
+            s.objects.insert(key("pods", ns, name), pod);
+        });
+    }
+
+    /// Scripts what `command` (its words joined by spaces) answers in pod `ns/pod`.
+    pub fn script_exec(&self, ns: &str, pod: &str, command: &str, reply: exec::Reply) {
+        self.with(|s| {
+            s.exec
+                .replies
+                .insert((ns.into(), pod.into(), command.into()), reply)
+        });
+    }
+
+    /// Upgrades execs only to these subprotocols (default: v5 and v4).
+    pub fn allow_exec_protocols(&self, protocols: &[&'static str]) {
+        self.with(|s| s.exec.allowed = protocols.to_vec());
+    }
+
+    /// The execs upgraded so far.
+    pub fn served_execs(&self) -> Vec<exec::Served> {
+        self.with(|s| s.exec.served.clone())
     }
 
     /// Runs `f` on the state (under its lock), waking watches afterwards.
@@ -641,6 +712,11 @@ fn attributes(
         ["api", "v1", "namespaces", ns, resource, name] => {
             Attributes::new(verb(true), "", resource, Some(ns), Some(name))
         }
+        // A websocket exec is a GET, authorized as `create` on the
+        // subresource (as Kubernetes 1.35 checks it).
+        ["api", "v1", "namespaces", ns, "pods", name, "exec"] => {
+            Attributes::new("create", "", "pods/exec", Some(ns), Some(name))
+        }
         ["apis", group, _, resource] => Attributes::new(verb(false), group, resource, None, None),
         ["apis", group, _, resource, name] if *resource != "namespaces" => {
             Attributes::new(verb(true), group, resource, None, Some(name))
@@ -662,9 +738,11 @@ fn forbidden(sa: &(String, String), a: &super::apiserver_rbac::Attributes) -> (u
         .as_ref()
         .map(|n| format!(" in the namespace \"{n}\""))
         .unwrap_or_else(|| " at the cluster scope".into());
+    // A subresource is named by its object: `pods "x" is forbidden`.
+    let object = a.resource.split('/').next().unwrap_or_default();
     let what = match &a.name {
-        Some(n) => format!("{} \"{n}\"", a.resource),
-        None => a.resource.clone(),
+        Some(n) => format!("{object} \"{n}\""),
+        None => object.to_string(),
     };
     let msg = format!(
         "{what} is forbidden: User \"{user}\" cannot {} resource \"{}\" in API group \"{}\"{scope}",
@@ -679,11 +757,17 @@ fn forbidden(sa: &(String, String), a: &super::apiserver_rbac::Attributes) -> (u
 }
 
 async fn serve(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     state: Arc<Mutex<State>>,
     wake: tokio::sync::watch::Sender<u64>,
     rbac: Arc<super::apiserver_rbac::Rbac>,
 ) -> Response<Body> {
+    // An exec is answered on the connection itself, once upgraded.
+    let upgrade = req
+        .uri()
+        .path()
+        .ends_with("/exec")
+        .then(|| hyper::upgrade::on(&mut req));
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
@@ -698,6 +782,11 @@ async fn serve(
         header("authorization"),
         header("content-type"),
         header("accept"),
+    );
+    let (ws_upgrade, ws_key, ws_protocols) = (
+        header("upgrade"),
+        header("sec-websocket-key"),
+        header("sec-websocket-protocol"),
     );
     let body = req
         .into_body()
@@ -733,6 +822,45 @@ async fn serve(
             log(&mut state.lock().unwrap(), code);
             return reply(code, &b);
         }
+    }
+    if let (Some(on), "GET", ["api", "v1", "namespaces", _, "pods", _, "exec"]) =
+        (upgrade, method.as_str(), segments.as_slice())
+    {
+        let mut s = state.lock().unwrap();
+        let checked = exec::check(&s, &segments, &query, &ws_upgrade, &ws_protocols);
+        return match checked {
+            Err((code, body)) => {
+                log(&mut s, code);
+                match body {
+                    Some(b) => reply(code, &b),
+                    None => {
+                        let mut r = Response::new(Full::new(Bytes::new()).boxed());
+                        *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                        r
+                    }
+                }
+            }
+            Ok(asked) => {
+                log(&mut s, 101);
+                s.exec.served.push(exec::Served {
+                    pod: format!("{}/{}", asked.ns, asked.pod),
+                    container: asked.container.clone(),
+                    command: asked.command.clone(),
+                    protocol: asked.protocol.to_string(),
+                });
+                let mut r = Response::new(Full::new(Bytes::new()).boxed());
+                *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                let h = r.headers_mut();
+                h.insert("upgrade", "websocket".parse().unwrap());
+                h.insert("connection", "Upgrade".parse().unwrap());
+                let accept =
+                    tokio_tungstenite::tungstenite::handshake::derive_accept_key(ws_key.as_bytes());
+                h.insert("sec-websocket-accept", accept.parse().unwrap());
+                h.insert("sec-websocket-protocol", asked.protocol.parse().unwrap());
+                tokio::spawn(exec::speak(on, asked));
+                r
+            }
+        };
     }
     if method == Method::GET && is_watch {
         // A refusal injected for a watch request (`fault_where(…, "watch=", …)`):
@@ -860,6 +988,9 @@ fn route(
     body: &[u8],
     partial: bool,
 ) -> (u16, Value) {
+    if let Some(answer) = exec::route(s, method.as_str(), seg, query) {
+        return answer;
+    }
     match (method.as_str(), seg) {
         ("GET", ["api", "v1", "nodes"]) => {
             let selector = query_param(query, "fieldSelector");

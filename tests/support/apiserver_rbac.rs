@@ -63,20 +63,32 @@ fn list_has(list: &[String], v: &str) -> bool {
 
 impl Rbac {
     /// Loads every Role, ClusterRole and binding from the deploy/ folder and
-    /// its DRA component (whose account is the DRA driver's alone).
+    /// its components: the DRA driver's (whose account is the driver's
+    /// alone) and the GPU source's exec in the GPU Operator's namespace.
     pub fn from_deploy() -> Rbac {
+        Rbac::from_deploy_edited(|_| {})
+    }
+
+    /// As [`Rbac::from_deploy`], each manifest changed by `edit` first (a
+    /// cluster where a rule was left out).
+    pub fn from_deploy_edited(edit: impl Fn(&mut Value)) -> Rbac {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
         let mut docs: Vec<Value> = Vec::new();
-        let mut names: Vec<_> = [dir.clone(), dir.join("components/dra")]
-            .iter()
-            .flat_map(|d| std::fs::read_dir(d).unwrap())
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-            .collect();
+        let mut names: Vec<_> = [
+            dir.clone(),
+            dir.join("components/dra"),
+            dir.join("components/gpu-exec"),
+        ]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
         names.sort();
         for p in names {
-            let v: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
+            let mut v: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
                 .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            edit(&mut v);
             docs.push(v);
         }
         Rbac::from_docs(&docs)

@@ -30,7 +30,12 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the API stand-in and writes the kubeconfigs into `dir`.
     pub fn start(dir: &Path) -> Cluster {
-        let api = ApiServer::start();
+        Cluster::start_with(dir, ApiServer::start())
+    }
+
+    /// The kubeconfigs of [`Cluster::start`] for a server already started
+    /// (under RBAC of the test's choosing).
+    pub fn start_with(dir: &Path, api: ApiServer) -> Cluster {
         let kubeconfig = api.kubeconfig(dir, TOKEN, NS);
         let broker_kubeconfig = api.kubeconfig(dir, &api.account_token(NS, BROKER), NS);
         let observer_kubeconfig = api.kubeconfig(dir, &api.account_token(NS, OWNER), NS);
