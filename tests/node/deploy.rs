@@ -228,7 +228,7 @@ fn containers_name_only_flags_the_binaries_accept_on_mounted_paths() {
                 .unwrap()
                 .to_string();
             match bin.as_str() {
-                "nodefabric" => {
+                "nodefabric-full" => {
                     let cli = Cli::try_parse_from(&argv)
                         .unwrap_or_else(|e| panic!("{file}: {argv:?}: {e}"));
                     assert!(
@@ -284,7 +284,7 @@ fn containers_name_only_flags_the_binaries_accept_on_mounted_paths() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["nodefabric", "nodefabric-device-plugin"]
+        ["nodefabric-device-plugin", "nodefabric-full"]
     );
     assert_eq!(
         cdi_host_paths.into_iter().collect::<Vec<_>>(),

@@ -237,7 +237,7 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                 };
                 let probed = c.liveness_probe.is_some() && c.readiness_probe.is_some();
                 match command[0].as_str() {
-                    "/usr/local/bin/nodefabric" => {
+                    "/usr/local/bin/nodefabric-full" => {
                         let cli = Cli::try_parse_from(argv(c))
                             .unwrap_or_else(|e| panic!("{file}: {:?}: {e}", argv(c)));
                         match &cli.command {
