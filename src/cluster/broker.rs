@@ -318,13 +318,9 @@ pub async fn configmap_holds(
     let api: Api<ConfigMap> =
         Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
     let request = format!("GET ConfigMap {cm}");
-    let refused = |e: kube::Error| match code(&e) {
-        Some(403) => ClusterError::Forbidden {
-            what: request.clone(),
-            needs: format!("`get` on the ConfigMap {} (resourceNames)", cm.name),
-            message: status_message(&e),
-        },
-        _ => ClusterError::api(request.clone(), e),
+    let refused = |e: kube::Error| {
+        let needs = format!("`get` on the ConfigMap {} (resourceNames)", cm.name);
+        ClusterError::refused(request.clone(), needs, e)
     };
     if let Some(known) = known {
         let meta = api.get_metadata_opt(&cm.name).await.map_err(refused)?;
@@ -398,12 +394,7 @@ pub async fn read_node_uid(client: &Client, name: &str) -> Result<String, Cluste
         .await
         .map_err(|e| match code(&e) {
             Some(404) => ClusterError::NoSuchNode(name.to_string()),
-            Some(403) => ClusterError::Forbidden {
-                what: what.clone(),
-                needs: "`get` on nodes".into(),
-                message: status_message(&e),
-            },
-            _ => ClusterError::api(what.clone(), e),
+            _ => ClusterError::refused(what.clone(), "`get` on nodes", e),
         })?;
     match node.metadata.uid {
         Some(uid) if !uid.is_empty() => Ok(uid),
@@ -448,18 +439,16 @@ pub async fn publish(
         Ok(_) => Ok(()),
         Err(e) => Err(match code(&e) {
             Some(404) => ClusterError::NoConfigMap(cm),
-            Some(403) => ClusterError::Forbidden {
-                what: request,
-                needs: format!("`patch` on the ConfigMap {} (resourceNames)", cm.name),
-                message: status_message(&e),
-            },
             Some(422) if too_long(&e) => ClusterError::TooLarge {
                 cm,
                 node: node.to_string(),
                 size,
                 message: status_message(&e),
             },
-            _ => ClusterError::api(request, e),
+            _ => {
+                let needs = format!("`patch` on the ConfigMap {} (resourceNames)", cm.name);
+                ClusterError::refused(request, needs, e)
+            }
         }),
     }
 }

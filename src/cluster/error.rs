@@ -144,6 +144,23 @@ impl ClusterError {
             error,
         }
     }
+
+    /// A kube-rs error with the request it answered, where a 403 becomes
+    /// [`ClusterError::Forbidden`] naming the permission the request `needs`.
+    pub fn refused(
+        what: impl Into<String>,
+        needs: impl Into<String>,
+        error: kube::Error,
+    ) -> ClusterError {
+        match code(&error) {
+            Some(403) => ClusterError::Forbidden {
+                what: what.into(),
+                needs: needs.into(),
+                message: status_message(&error),
+            },
+            _ => ClusterError::api(what, error),
+        }
+    }
 }
 
 /// The status code of an API answer inside a kube-rs error.

@@ -126,16 +126,11 @@ pub async fn find_pod(client: &Client, settings: &Settings) -> Result<Target, Cl
         .get(&settings.daemon_set)
         .await
         .map_err(|e| match code(&e) {
-            Some(403) => ClusterError::Forbidden {
-                what: what.clone(),
-                needs: format!("`get` on daemonsets.apps in namespace {ns}"),
-                message: status_message(&e),
-            },
             Some(404) => ClusterError::Malformed {
                 what: what.clone(),
                 message: format!("no such DaemonSet (gpuSource.gpuOperatorNamespace and gpuSource.daemonSet name it; the API server said: {})", status_message(&e)),
             },
-            _ => ClusterError::api(what.clone(), e),
+            _ => ClusterError::refused(what.clone(), format!("`get` on daemonsets.apps in namespace {ns}"), e),
         })?;
     let selector = ds
         .spec
@@ -153,13 +148,8 @@ pub async fn find_pod(client: &Client, settings: &Settings) -> Result<Target, Cl
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels_from(&selector).fields(&fields))
         .await
-        .map_err(|e| match code(&e) {
-            Some(403) => ClusterError::Forbidden {
-                what: list.clone(),
-                needs: format!("`list` on pods in namespace {ns}"),
-                message: status_message(&e),
-            },
-            _ => ClusterError::api(list.clone(), e),
+        .map_err(|e| {
+            ClusterError::refused(list.clone(), format!("`list` on pods in namespace {ns}"), e)
         })?;
     let phase = |p: &Pod| {
         p.status
@@ -302,11 +292,11 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
                 "exec: the API server refused the websocket upgrade (403 without a Status: no channel protocol in common with {})",
                 ["v5.channel.k8s.io", "v4.channel.k8s.io"].join(", ")
             ),
-            Some(403) => ClusterError::Forbidden {
-                what: "exec".into(),
-                needs: format!("`create` on pods/exec in namespace {}", pod.namespace),
-                message: status_message(&e),
-            }
+            Some(403) => ClusterError::refused(
+                "exec",
+                format!("`create` on pods/exec in namespace {}", pod.namespace),
+                e,
+            )
             .to_string(),
             _ => format!("exec: {}", describe(&e)),
         })?;

@@ -140,12 +140,7 @@ pub(crate) fn record_error(request: String, needs: &str, e: kube::Error) -> Clus
             what: request,
             message: status_message(&e),
         },
-        Some(403) => ClusterError::Forbidden {
-            what: request,
-            needs: needs.to_string(),
-            message: status_message(&e),
-        },
-        _ => ClusterError::api(request, e),
+        _ => ClusterError::refused(request, needs, e),
     }
 }
 

@@ -3,7 +3,6 @@
 //! Deployment garbage-collects the records) and never adopts a same-named
 //! object that someone else made.
 
-use crate::cluster::error::status_message;
 use crate::cluster::{code, ClusterError, ConfigMapRef, FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -50,18 +49,13 @@ pub async fn deployment(
         .get_metadata(name)
         .await
         .map_err(|e| match code(&e) {
-            Some(403) => ClusterError::Forbidden {
-                what: what.clone(),
-                needs: format!("`get` on the Deployment {name}"),
-                message: status_message(&e),
-            },
             Some(404) => ClusterError::Malformed {
                 what: what.clone(),
                 message:
                     "no such Deployment: --owner-deployment names the observer's own Deployment"
                         .into(),
             },
-            _ => ClusterError::api(what.clone(), e),
+            _ => ClusterError::refused(what.clone(), format!("`get` on the Deployment {name}"), e),
         })?;
     let uid = d
         .metadata
@@ -84,13 +78,12 @@ pub async fn deployment(
 pub async fn ensure(client: &Client, cm: &ConfigMapRef, owner: &Owner) -> Result<(), ClusterError> {
     let ns = cm.namespace.as_deref().unwrap_or_default();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let get = |e: kube::Error| match code(&e) {
-        Some(403) => ClusterError::Forbidden {
-            what: format!("GET ConfigMap {cm}"),
-            needs: "`get` on configmaps in its namespace".into(),
-            message: status_message(&e),
-        },
-        _ => ClusterError::api(format!("GET ConfigMap {cm}"), e),
+    let get = |e: kube::Error| {
+        ClusterError::refused(
+            format!("GET ConfigMap {cm}"),
+            "`get` on configmaps in its namespace",
+            e,
+        )
     };
     if let Some(existing) = api.get_opt(&cm.name).await.map_err(get)? {
         return check(cm, owner, &existing);
@@ -122,12 +115,11 @@ pub async fn ensure(client: &Client, cm: &ConfigMapRef, owner: &Owner) -> Result
         }
         // Made meanwhile (another observer replica, or someone else): judge it like any existing one.
         Err(e) if code(&e) == Some(409) => check(cm, owner, &api.get(&cm.name).await.map_err(get)?),
-        Err(e) if code(&e) == Some(403) => Err(ClusterError::Forbidden {
-            what: format!("POST ConfigMap {cm}"),
-            needs: "`create` on configmaps in its namespace".into(),
-            message: status_message(&e),
-        }),
-        Err(e) => Err(ClusterError::api(format!("POST ConfigMap {cm}"), e)),
+        Err(e) => Err(ClusterError::refused(
+            format!("POST ConfigMap {cm}"),
+            "`create` on configmaps in its namespace",
+            e,
+        )),
     }
 }
 
