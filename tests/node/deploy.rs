@@ -43,6 +43,30 @@ pub(crate) fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(
     obj
 }
 
+/// Checks a rendered manifest as the typed object its `kind` names (see
+/// [`typed`]), refusing a kind outside `allowed`: the kinds this render may
+/// hold.
+pub(crate) fn check_kind(what: &str, doc: &Value, allowed: &[&str]) {
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    assert!(allowed.contains(&kind), "{what}: unexpected kind {kind:?}");
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    match kind {
+        "DaemonSet" => drop(typed::<DaemonSet>(what, doc)),
+        "Deployment" => drop(typed::<Deployment>(what, doc)),
+        "Namespace" => drop(typed::<Namespace>(what, doc)),
+        "ServiceAccount" => drop(typed::<ServiceAccount>(what, doc)),
+        "ConfigMap" => drop(typed::<ConfigMap>(what, doc)),
+        "ClusterRole" => drop(typed::<ClusterRole>(what, doc)),
+        "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(what, doc)),
+        "Role" => drop(typed::<Role>(what, doc)),
+        "RoleBinding" => drop(typed::<RoleBinding>(what, doc)),
+        "CustomResourceDefinition" => drop(typed::<CustomResourceDefinition>(what, doc)),
+        "DeviceClass" => drop(typed::<DeviceClass>(what, doc)),
+        other => panic!("{what}: no typed check for kind {other:?}"),
+    }
+}
+
 fn manifests() -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(deploy())
         .unwrap()

@@ -10,16 +10,14 @@
 //! in the driver's domain), an unknown domain an empty map, and a missing
 //! attribute an error that aborts the allocation.
 
-use crate::deploy::{typed, verbs};
+use crate::deploy::{check_kind, typed, verbs};
 use crate::support::apiserver_rbac::Rbac;
 use crate::support::fixtures::{self, addr, Tree};
 use crate::support::host;
 use clap::Parser;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount, VolumeMount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, PodSpec, VolumeMount};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaimTemplate};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodefabric::cli::{Cli, Command as Sub};
 use nodefabric::dra::devices::{self, Attribute, Published};
@@ -143,19 +141,22 @@ fn the_component_adds_the_driver_and_changes_only_where_the_device_plugin_runs()
     // Every rendered document is a typed object with no unknown field.
     for doc in &dra {
         let what = format!("{:?}", key(doc));
-        match doc["kind"].as_str() {
-            Some("DaemonSet") => drop(typed::<DaemonSet>(&what, doc)),
-            Some("Deployment") => drop(typed::<Deployment>(&what, doc)),
-            Some("Namespace") => drop(typed::<Namespace>(&what, doc)),
-            Some("ServiceAccount") => drop(typed::<ServiceAccount>(&what, doc)),
-            Some("ClusterRole") => drop(typed::<ClusterRole>(&what, doc)),
-            Some("ClusterRoleBinding") => drop(typed::<ClusterRoleBinding>(&what, doc)),
-            Some("Role") => drop(typed::<Role>(&what, doc)),
-            Some("RoleBinding") => drop(typed::<RoleBinding>(&what, doc)),
-            Some("CustomResourceDefinition") => drop(typed::<CustomResourceDefinition>(&what, doc)),
-            Some("DeviceClass") => drop(typed::<DeviceClass>(&what, doc)),
-            other => panic!("{what}: unexpected kind {other:?}"),
-        }
+        check_kind(
+            &what,
+            doc,
+            &[
+                "DaemonSet",
+                "Deployment",
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "CustomResourceDefinition",
+                "DeviceClass",
+            ],
+        );
     }
 
     let before: BTreeMap<_, _> = base.iter().map(|d| (key(d), d)).collect();

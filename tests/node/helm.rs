@@ -6,14 +6,13 @@
 //! enabled parts need, the schema's refusals, and the same objects as
 //! `kubectl kustomize deploy/` where the two overlap.
 
-use crate::deploy::{host_path, mounted, typed};
+use crate::deploy::{check_kind, host_path, mounted, typed};
 use crate::dra_deploy::{key, kustomize};
 use crate::support::host;
 use clap::Parser;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use nodefabric::cli::{Cli, Command as Sub, RecordForm};
 use nodefabric::plugin::cli::PluginCli;
 use nodefabric::rails::config::{ConfigError, RailConfig};
@@ -102,18 +101,21 @@ fn ci_files() -> Vec<String> {
 fn check_typed(file: &str, docs: &[Value]) {
     for d in docs {
         let what = format!("{file}: {:?}", key(d));
-        match d["kind"].as_str() {
-            Some("DaemonSet") => drop(typed::<DaemonSet>(&what, d)),
-            Some("Deployment") => drop(typed::<Deployment>(&what, d)),
-            Some("ServiceAccount") => drop(typed::<ServiceAccount>(&what, d)),
-            Some("ConfigMap") => drop(typed::<ConfigMap>(&what, d)),
-            Some("ClusterRole") => drop(typed::<ClusterRole>(&what, d)),
-            Some("ClusterRoleBinding") => drop(typed::<ClusterRoleBinding>(&what, d)),
-            Some("Role") => drop(typed::<Role>(&what, d)),
-            Some("RoleBinding") => drop(typed::<RoleBinding>(&what, d)),
-            Some("CustomResourceDefinition") => drop(typed::<CustomResourceDefinition>(&what, d)),
-            other => panic!("{what}: unexpected kind {other:?}"),
-        }
+        check_kind(
+            &what,
+            d,
+            &[
+                "DaemonSet",
+                "Deployment",
+                "ServiceAccount",
+                "ConfigMap",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "CustomResourceDefinition",
+            ],
+        );
     }
 }
 
