@@ -192,12 +192,13 @@ impl SysRoot {
         })?;
         let handle = open_dir(&canonical).map(Arc::new);
         let beneath = handle.clone().filter(|fd| openat2_works(fd));
-        // Room for a small node's folders, grown as a larger one needs: a
-        // table sized for the largest node up front made every pass touch
-        // (and the kernel zero) 200 pages it mostly left empty, which cost
-        // more than the few growths (each hashes every path again).
+        // Room for a small node's folders (an 8-GPU node remembers about
+        // 130), grown as a larger one needs: a larger table up front made
+        // every pass touch pages it mostly left empty (the kernel zeroes
+        // each on first touch), which cost more than the few growths (each
+        // hashes every path again).
         let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(
-            1024,
+            192,
             BuildPathHash,
         )));
         let kernfs = handle.as_deref().is_some_and(is_sysfs);

@@ -118,8 +118,12 @@ fn parse_tool_timeout(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 
-/// The subcommands.
+/// The subcommands. Each one's flags are built only when it is the one
+/// invoked (`defer`): NFD runs `features` every minute, and building every
+/// command's flags (rails, publish and observe have dozens) cost a quarter
+/// of that run's instructions.
 #[derive(Debug, Clone, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Print the node record as JSON (`.spec.interfaces[]`, `.spec.groups[]`).
     Inventory(StateArgs),

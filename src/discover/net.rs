@@ -156,7 +156,7 @@ impl Walk<'_> {
             device,
             Function::Top,
         );
-        if let Some(dev) = device {
+        if let Some(dev) = device.filter(|_| may_have_vfs(&iface)) {
             match self.virtual_functions(dev, &iface) {
                 Ok(vfs) => iface.virtual_functions = vfs,
                 Err(e) => note(&mut iface, Fact::VirtualFunctions, e.to_string()),
@@ -385,6 +385,20 @@ impl Walk<'_> {
         }
         Ok(by_address(vfs))
     }
+}
+
+/// Whether a function's folder can hold `virtfnN` links, from the SR-IOV
+/// attributes already read: the PCI core makes those links only for the VFs
+/// it enabled, so a function the kernel shows no SR-IOV capability for (no
+/// `sriov_totalvfs`, or 0) or no enabled VF (`sriov_numvfs` 0) has none, and
+/// its folder (tens of entries on a real NIC) is not listed. An attribute
+/// that could not be read answers nothing: the folder is listed.
+fn may_have_vfs(iface: &Interface) -> bool {
+    let unread = |fact| iface.unreadable.iter().any(|u| u.fact == fact);
+    let capable = iface.physical_function || unread(Fact::PhysicalFunction);
+    let enabled =
+        iface.virtual_functions_configured > 0 || unread(Fact::VirtualFunctionsConfigured);
+    capable && enabled
 }
 
 /// What kind of function [`Walk::build`] reads; a VF is read with less.

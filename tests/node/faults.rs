@@ -300,6 +300,59 @@ fn unreadable_infiniband_folder_keeps_the_rdma_device() {
     }
 }
 
+/// `class/infiniband` is only an index of what each device's own
+/// `infiniband/` folder says: damaged (a dangling link, a FIFO, a file), or
+/// holding a link that does not end in `<device>/infiniband/<name>`, the
+/// pass lists each device's folder instead and publishes the same record,
+/// with nothing marked as kept.
+#[test]
+fn unreadable_infiniband_class_index_falls_back_to_each_device_folder() {
+    let odd_link = |n: &Node| {
+        let class = n.sys.join("class/infiniband");
+        let first = fs::read_dir(&class)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .min()
+            .unwrap();
+        let entry = class.join(first);
+        let device = fs::canonicalize(&entry).unwrap();
+        // The device folder itself, not the RDMA device beneath it.
+        let device = device.parent().unwrap().parent().unwrap().to_path_buf();
+        fs::remove_file(&entry).unwrap();
+        std::os::unix::fs::symlink(device, &entry).unwrap();
+    };
+    type Damage = Box<dyn Fn(&Node)>;
+    let forms: Vec<(String, Damage)> = FOLDER_FORMS
+        .into_iter()
+        .map(|form| {
+            let f: Damage =
+                Box::new(move |n: &Node| break_path(&n.sys.join("class/infiniband"), form));
+            (format!("{form:?}"), f)
+        })
+        .chain([(
+            "a link outside <device>/infiniband".to_string(),
+            Box::new(odd_link) as _,
+        )])
+        .collect();
+    for (what, damage) in forms {
+        let node = Node::new(|d| drop(fixtures::gpu8_switch_paired(d)));
+        let before = node.publish(&[]);
+        let record_before = fs::read(node.out.join("state/record.json")).unwrap();
+        damage(&node);
+        assert_eq!(node.publish(&[]), before, "class/infiniband as {what}");
+        assert_eq!(
+            fs::read(node.out.join("state/record.json")).unwrap(),
+            record_before,
+            "class/infiniband as {what}: the record changed"
+        );
+        let report = node.preflight(&[]);
+        assert!(
+            !report.contains("kept from the previous pass"),
+            "class/infiniband as {what}: a fact was taken as unreadable:\n{report}"
+        );
+    }
+}
+
 #[test]
 fn unreadable_numa_node_keeps_the_numa_label() {
     for form in FILE_FORMS {
