@@ -1082,10 +1082,12 @@ fn openat2_c(
     Ok(unsafe { fs::File::from_raw_fd(fd as libc::c_int) })
 }
 
+/// The filesystem type the kernel gives a sysfs mount.
+const SYSFS_MAGIC: u32 = 0x6265_6572;
+
 /// True when `root` is on a sysfs mount (see [`SysRoot`]'s `kernfs`).
 fn is_sysfs(root: &std::os::fd::OwnedFd) -> bool {
     use std::os::fd::AsRawFd;
-    const SYSFS_MAGIC: u32 = 0x6265_6572;
     // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid fd and a pointer to a `statfs` the kernel fills.
@@ -1093,6 +1095,24 @@ fn is_sysfs(root: &std::os::fd::OwnedFd) -> bool {
         return false;
     }
     // The magic is 32 bits wide whatever the field's width.
+    fs.f_type as u32 == SYSFS_MAGIC
+}
+
+/// True when `path` is on a sysfs mount: this host's own devices, wherever
+/// it is mounted (`/sys`, or `/host/sys` in a pod), and not a copy of
+/// another node's tree. Only such a tree is described by this host's NVML
+/// and `nvidia-smi`.
+pub fn is_mounted_sysfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a pointer to a `statfs` the kernel fills.
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return false;
+    }
     fs.f_type as u32 == SYSFS_MAGIC
 }
 

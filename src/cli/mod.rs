@@ -285,6 +285,11 @@ impl Cli {
             (Some(f), _, _) => fabric::NvidiaSource::File(f.clone()),
             (None, Some(b), _) => fabric::NvidiaSource::Command(b.clone()),
             (None, None, Some(lib)) => fabric::NvidiaSource::Nvml(lib.clone()),
+            // The host's NVML and nvidia-smi describe the host's GPUs: a
+            // copied tree (not a sysfs mount) is another machine's.
+            (None, None, None) if !crate::sysfs::is_mounted_sysfs(&self.sysfs_root) => {
+                fabric::NvidiaSource::NotThisHost
+            }
             (None, None, None) => fabric::NvidiaSource::Auto,
         };
         // A replayed capture answers with what the captured pass used, unless
@@ -322,12 +327,12 @@ impl Cli {
     }
 }
 
-/// NVML is worth loading only for the live `/sys` of a host whose NVIDIA
-/// driver is loaded: without `/dev/nvidiactl` nvmlInit fails, and a copied
-/// tree is not the machine NVML would describe.
+/// NVML is worth loading only for this host's own sysfs (mounted at `/sys`,
+/// or at `/host/sys` in a pod) on a host whose NVIDIA driver is loaded:
+/// without `/dev/nvidiactl` nvmlInit fails, and a copied tree is not the
+/// machine NVML would describe.
 pub fn nvml_can_work(sysfs_root: &Path) -> bool {
-    sysfs_root.components().eq(Path::new("/sys").components())
-        && Path::new("/dev/nvidiactl").exists()
+    Path::new("/dev/nvidiactl").exists() && crate::sysfs::is_mounted_sysfs(sysfs_root)
 }
 
 /// One discovery pass; `fabric` says whether the command's output uses the

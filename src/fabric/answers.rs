@@ -78,6 +78,9 @@ pub enum Unreadable {
     /// Ascend accelerators, but no `--ascend-fabric` to read.
     #[error("no --ascend-fabric input given")]
     NoAscendInput,
+    /// The tree read is not this host's sysfs, and no NVIDIA answer was named.
+    #[error("the tree read is not a mounted sysfs, so this host's NVML and nvidia-smi were not asked: give its answer with --nvidia-smi-q (or --nvidia-smi, --nvml-lib)")]
+    NotThisHost,
 }
 
 /// A capture's `vendor/fabric.json` that is not one.

@@ -33,6 +33,9 @@ pub enum NvidiaSource {
     Command(PathBuf),
     /// Read a saved `nvidia-smi -q` text.
     File(PathBuf),
+    /// Nobody: the tree read is not a mounted sysfs, so this host's NVML
+    /// and `nvidia-smi` would describe another machine's GPUs.
+    NotThisHost,
 }
 
 /// The non-sysfs inputs of the fabric readers.
@@ -140,6 +143,7 @@ fn nvidia_blocks(sources: &Sources) -> Result<BTreeMap<String, nvidia::FabricInf
         },
         NvidiaSource::Command(bin) => (run_q(bin)?, format!("{} -q", bin.display())),
         NvidiaSource::File(f) => (read_capped(f)?, f.display().to_string()),
+        NvidiaSource::NotThisHost => return Err(Unreadable::NotThisHost),
     };
     nvidia::parse_any(&text).map_err(|reason| Unreadable::Nvidia { origin, reason })
 }

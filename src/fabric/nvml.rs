@@ -37,8 +37,8 @@ pub enum NvmlError {
         why: String,
     },
     /// Not asked: this binary does not link NVML's loader, or NVML cannot
-    /// work here (no `/dev/nvidiactl`, or the tree read is not the live `/sys`).
-    #[error("NVML not used here (nodefabric-full loads it where /dev/nvidiactl exists and the tree is the live /sys)")]
+    /// work here (no `/dev/nvidiactl`, or the tree read is not a sysfs mount).
+    #[error("NVML not used here (nodefabric-full loads it where /dev/nvidiactl exists and the tree is a mounted sysfs)")]
     NotLinked,
 }
 

@@ -5,6 +5,7 @@ use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const UUID: &str = "5b0e1122-3344-5566-7788-99aabbccddef";
@@ -396,38 +397,83 @@ fn cambricon_has_no_domain() {
     );
 }
 
+/// A `--nvidia-smi` given as a bare name is looked up on PATH, as a shell
+/// would.
 #[test]
-fn without_nvml_the_default_falls_back_to_nvidia_smi_on_path() {
-    // No libnvidia-ml here, so the default source must reach nvidia-smi -q on PATH.
+fn a_bare_nvidia_smi_name_is_found_on_path() {
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
     fixtures::gpu8_switch_paired(&sys);
-    let bin = dir.path().join("bin");
+    let (bin, ran) = fake_nvidia_smi_on_path(dir.path());
+    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["features", "--nvidia-smi", "nvidia-smi", "--sysfs-root"])
+        .arg(&sys)
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let f = ok(o);
+    assert!(ran.exists());
+    assert_eq!(
+        label(&f, "fabric.domain").as_deref(),
+        Some("nvlink-5b0e112233445566778899aabbccddef-3")
+    );
+}
+
+/// A tree that is not a mounted sysfs is another machine's (a copy, a test
+/// tree): the nvidia-smi on this host's PATH would answer for this host's
+/// GPUs, so it is not run unless named, and the record says how to give
+/// the tree's own answer.
+#[test]
+fn a_copied_tree_does_not_ask_this_hosts_nvidia_smi() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    fixtures::gpu8_switch_paired(&sys);
+    let (bin, ran) = fake_nvidia_smi_on_path(dir.path());
+    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(["inventory", "--sysfs-root"])
+        .arg(&sys)
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let record: serde_json::Value = serde_json::from_slice(&ok(o).into_bytes()).unwrap();
+    assert!(
+        !ran.exists(),
+        "this host's nvidia-smi was run for a copied tree"
+    );
+    let note = record["spec"]["groups"][0]["accelerators"][0]["fabricNote"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        note.contains("is not a mounted sysfs") && note.contains("--nvidia-smi-q"),
+        "{note}"
+    );
+    assert!(err.contains("--nvidia-smi-q"), "{err}");
+}
+
+/// A folder holding an `nvidia-smi` whose `-q` prints a registered 8-GPU
+/// fabric and which leaves a file behind when run; the folder and that file.
+fn fake_nvidia_smi_on_path(dir: &Path) -> (PathBuf, PathBuf) {
+    let bin = dir.join("bin");
     fs::create_dir(&bin).unwrap();
-    let q = dir.path().join("q.txt");
+    let q = dir.join("q.txt");
     fs::write(
         &q,
         fixtures::nvsmi_q(|_| ("Completed", "Success", "3", UUID)),
     )
     .unwrap();
+    let ran = dir.join("ran");
     let fake = bin.join("nvidia-smi");
     fs::write(
         &fake,
         format!(
-            "#!/bin/sh\n[ \"$1\" = -q ] && exec /bin/cat {}\nexit 9\n",
+            "#!/bin/sh\n: > {}\n[ \"$1\" = -q ] && exec /bin/cat {}\nexit 9\n",
+            ran.display(),
             q.display()
         ),
     )
     .unwrap();
     fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["features", "--sysfs-root", sys.to_str().unwrap()])
-        .env("PATH", &bin)
-        .output()
-        .unwrap();
-    let f = ok(o);
-    assert_eq!(
-        label(&f, "fabric.domain").as_deref(),
-        Some("nvlink-5b0e112233445566778899aabbccddef-3")
-    );
+    (bin, ran)
 }
