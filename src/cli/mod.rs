@@ -66,7 +66,9 @@ pub struct Cli {
     pub nvidia_smi: Option<PathBuf>,
 
     /// NVIDIA fabric: read NVML from this library only (by default NVML is
-    /// tried from libnvidia-ml.so.1 and, where it is absent, `nvidia-smi -q`).
+    /// tried from libnvidia-ml.so.1 and, where it is absent, `nvidia-smi -q`;
+    /// neither is asked by default for a tree that is not a mounted sysfs,
+    /// which is another machine's).
     #[arg(long, global = true, value_name = "PATH", conflicts_with_all = ["nvidia_smi", "nvidia_smi_q"])]
     pub nvml_lib: Option<PathBuf>,
 
