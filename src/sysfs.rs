@@ -1082,20 +1082,11 @@ fn openat2_c(
     Ok(unsafe { fs::File::from_raw_fd(fd as libc::c_int) })
 }
 
-/// The filesystem type the kernel gives a sysfs mount.
-const SYSFS_MAGIC: u32 = 0x6265_6572;
-
 /// True when `root` is on a sysfs mount (see [`SysRoot`]'s `kernfs`).
 fn is_sysfs(root: &std::os::fd::OwnedFd) -> bool {
     use std::os::fd::AsRawFd;
-    // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid fd and a pointer to a `statfs` the kernel fills.
-    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut fs) } != 0 {
-        return false;
-    }
-    // The magic is 32 bits wide whatever the field's width.
-    fs.f_type as u32 == SYSFS_MAGIC
+    sysfs_by(|fs| unsafe { libc::fstatfs(root.as_raw_fd(), fs) })
 }
 
 /// True when `path` is on a sysfs mount: this host's own devices, wherever
@@ -1107,13 +1098,18 @@ pub fn is_mounted_sysfs(path: &Path) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
     };
+    // SAFETY: a NUL-terminated path and a pointer to a `statfs` the kernel fills.
+    sysfs_by(|fs| unsafe { libc::statfs(c.as_ptr(), fs) })
+}
+
+/// Whether the filesystem `statfs` (the call that fills it) describes is
+/// sysfs; a failed call is "no".
+fn sysfs_by(statfs: impl FnOnce(&mut libc::statfs) -> libc::c_int) -> bool {
+    const SYSFS_MAGIC: u32 = 0x6265_6572;
     // SAFETY: `statfs` is plain data; zeroed is a valid value to be overwritten.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a pointer to a `statfs` the kernel fills.
-    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
-        return false;
-    }
-    fs.f_type as u32 == SYSFS_MAGIC
+    // The magic is 32 bits wide whatever the field's width.
+    statfs(&mut fs) == 0 && fs.f_type as u32 == SYSFS_MAGIC
 }
 
 /// `path` split at its last `/` into folder and last name; `None` for a

@@ -300,11 +300,13 @@ impl Cli {
             || self.nvidia_smi_q.is_some()
             || self.nvml_lib.is_some()
             || self.ascend_fabric.is_some();
-        // Auto tries NVML only where it can work; a named library is always tried.
+        // Auto tries NVML only where it can work (Auto is only chosen for a
+        // mounted sysfs, above, so the driver is what is left to ask); a
+        // named library is always tried.
         let auto = matches!(nvidia, fabric::NvidiaSource::Auto);
         let nvml = self
             .full
-            .filter(|_| !auto || nvml_can_work(&self.sysfs_root))
+            .filter(|_| !auto || nvidia_driver_loaded())
             .map(|f| f.nvml());
         fabric::Sources {
             nvidia,
@@ -334,7 +336,12 @@ impl Cli {
 /// without `/dev/nvidiactl` nvmlInit fails, and a copied tree is not the
 /// machine NVML would describe.
 pub fn nvml_can_work(sysfs_root: &Path) -> bool {
-    Path::new("/dev/nvidiactl").exists() && crate::sysfs::is_mounted_sysfs(sysfs_root)
+    nvidia_driver_loaded() && crate::sysfs::is_mounted_sysfs(sysfs_root)
+}
+
+/// The NVIDIA driver's control device exists: nvmlInit fails without it.
+fn nvidia_driver_loaded() -> bool {
+    Path::new("/dev/nvidiactl").exists()
 }
 
 /// One discovery pass; `fabric` says whether the command's output uses the

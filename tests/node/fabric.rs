@@ -5,7 +5,6 @@ use crate::support::{fixtures, snapshots};
 use snapshots::settings;
 
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const UUID: &str = "5b0e1122-3344-5566-7788-99aabbccddef";
@@ -401,18 +400,9 @@ fn cambricon_has_no_domain() {
 /// would.
 #[test]
 fn a_bare_nvidia_smi_name_is_found_on_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let sys = dir.path().join("sys");
-    fixtures::gpu8_switch_paired(&sys);
-    let (bin, ran) = fake_nvidia_smi_on_path(dir.path());
-    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["features", "--nvidia-smi", "nvidia-smi", "--sysfs-root"])
-        .arg(&sys)
-        .env("PATH", &bin)
-        .output()
-        .unwrap();
+    let (o, ran) = with_fake_nvidia_smi_on_path(&["features", "--nvidia-smi", "nvidia-smi"]);
     let f = ok(o);
-    assert!(ran.exists());
+    assert!(ran);
     assert_eq!(
         label(&f, "fabric.domain").as_deref(),
         Some("nvlink-5b0e112233445566778899aabbccddef-3")
@@ -425,22 +415,10 @@ fn a_bare_nvidia_smi_name_is_found_on_path() {
 /// the tree's own answer.
 #[test]
 fn a_copied_tree_does_not_ask_this_hosts_nvidia_smi() {
-    let dir = tempfile::tempdir().unwrap();
-    let sys = dir.path().join("sys");
-    fixtures::gpu8_switch_paired(&sys);
-    let (bin, ran) = fake_nvidia_smi_on_path(dir.path());
-    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["inventory", "--sysfs-root"])
-        .arg(&sys)
-        .env("PATH", &bin)
-        .output()
-        .unwrap();
+    let (o, ran) = with_fake_nvidia_smi_on_path(&["inventory"]);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     let record: serde_json::Value = serde_json::from_slice(&ok(o).into_bytes()).unwrap();
-    assert!(
-        !ran.exists(),
-        "this host's nvidia-smi was run for a copied tree"
-    );
+    assert!(!ran, "this host's nvidia-smi was run for a copied tree");
     let note = record["spec"]["groups"][0]["accelerators"][0]["fabricNote"]
         .as_str()
         .unwrap_or_default()
@@ -452,18 +430,22 @@ fn a_copied_tree_does_not_ask_this_hosts_nvidia_smi() {
     assert!(err.contains("--nvidia-smi-q"), "{err}");
 }
 
-/// A folder holding an `nvidia-smi` whose `-q` prints a registered 8-GPU
-/// fabric and which leaves a file behind when run; the folder and that file.
-fn fake_nvidia_smi_on_path(dir: &Path) -> (PathBuf, PathBuf) {
-    let bin = dir.join("bin");
+/// Runs nodefabric with `args` on an 8-GPU tree copied into a temp folder,
+/// with only a folder on PATH whose `nvidia-smi -q` prints a registered
+/// fabric for those GPUs; its output, and whether that nvidia-smi ran.
+fn with_fake_nvidia_smi_on_path(args: &[&str]) -> (Output, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    fixtures::gpu8_switch_paired(&sys);
+    let bin = dir.path().join("bin");
     fs::create_dir(&bin).unwrap();
-    let q = dir.join("q.txt");
+    let q = dir.path().join("q.txt");
     fs::write(
         &q,
         fixtures::nvsmi_q(|_| ("Completed", "Success", "3", UUID)),
     )
     .unwrap();
-    let ran = dir.join("ran");
+    let ran = dir.path().join("ran");
     let fake = bin.join("nvidia-smi");
     fs::write(
         &fake,
@@ -475,5 +457,12 @@ fn fake_nvidia_smi_on_path(dir: &Path) -> (PathBuf, PathBuf) {
     )
     .unwrap();
     fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    (bin, ran)
+    let o = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
+        .args(args)
+        .arg("--sysfs-root")
+        .arg(&sys)
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    (o, ran.exists())
 }
