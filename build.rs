@@ -4,46 +4,36 @@
 //! into `--version`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/deviceplugin_v1beta1.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["proto"])?;
-    // Both sides are generated: the plugin serves DevicePlugin and calls
-    // Registration; the tests' kubelet stand-in does the reverse.
+    // Every file under proto/ is upstream's, byte for byte (proto/NOTICE), so
+    // the gRPC names come from upstream's `package` lines: a name cannot be
+    // wrong on the server and agree with itself on the tests' client side.
+    println!("cargo:rerun-if-changed=proto");
+    // kubelet's APIs, both sides: the binaries serve DevicePlugin,
+    // Registration (plugin watcher) and DRAPlugin and call the device
+    // plugin's Registration; the tests play kubelet with the clients. Each
+    // package becomes `OUT_DIR/<package>.rs`; all the packages differ
+    // (`v1beta1` is the device plugin's, DRA v1beta1's is
+    // `k8s.io.kubelet.pkg.apis.dra.v1beta1`).
+    let kubelet = [
+        "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto",
+        "k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto",
+        "k8s.io/kubelet/pkg/apis/dra/v1/api.proto",
+        "k8s.io/kubelet/pkg/apis/dra/v1beta1/api.proto",
+        "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1/api.proto",
+    ];
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_fds(descriptors)?;
-    // kubelet's plugin-registration API, both sides: the DRA driver serves
-    // Registration on its registration socket; the tests dial it as kubelet.
-    let registration = "proto/pluginregistration_v1.proto";
-    println!("cargo:rerun-if-changed={registration}");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(protox::compile([registration], ["proto"])?)?;
-    // kubelet's DRA plugin API in both versions kubelet speaks: the DRA
-    // driver serves them on one socket; the tests dial them as kubelet.
-    // Each goes to a folder of its own: DRA v1beta1's package has the same
-    // name as the device-plugin API's ("v1beta1") and its own `Device`.
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    for (version, dir) in [("v1", "dra_v1"), ("v1beta1", "dra_v1beta1")] {
-        let dra = format!("proto/dra_{version}.proto");
-        println!("cargo:rerun-if-changed={dra}");
-        std::fs::create_dir_all(out.join(dir))?;
-        tonic_prost_build::configure()
-            .build_client(true)
-            .build_server(true)
-            .out_dir(out.join(dir))
-            .compile_fds(protox::compile([&dra], ["proto"])?)?;
-    }
+        .compile_fds(protox::compile(kubelet, ["proto"])?)?;
     // The CRI runtime API, client side only: the containerd end-to-end test
     // talks to containerd as kubelet does. Only that test includes it.
-    let cri = "proto/cri_runtime_v1.proto";
-    println!("cargo:rerun-if-changed={cri}");
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)
-        .compile_fds(protox::compile([cri], ["proto"])?)?;
+        .compile_fds(protox::compile(
+            ["k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"],
+            ["proto"],
+        )?)?;
     commit();
     link_hook_static()?;
     Ok(())

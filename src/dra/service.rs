@@ -226,8 +226,34 @@ fn answer(uid: &str, prepared: &Prepared) -> Vec<PreparedDevice> {
     devices
 }
 
+impl From<PreparedDevice> for super::api::v1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        Self {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            // Set only for a device allocated with a share ID (consumable
+            // capacity); every device here is allocated whole.
+            share_id: None,
+        }
+    }
+}
+
+impl From<PreparedDevice> for super::api::v1beta1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        Self {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+        }
+    }
+}
+
 /// The two API versions' services over one [`Preparer`]: their messages are
-/// field for field the same, so one macro writes both.
+/// field for field the same (v1 adds a device's `share_id`), so one macro
+/// writes both.
 macro_rules! service {
     ($version:ident, $name:ident) => {
         /// The DRA service of this API version.
@@ -267,15 +293,7 @@ macro_rules! service {
                     .map(|(uid, answer)| {
                         let one = match answer {
                             Ok(devices) => api::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| api::Device {
-                                        request_names: d.request_names,
-                                        pool_name: d.pool_name,
-                                        device_name: d.device_name,
-                                        cdi_device_ids: d.cdi_device_ids,
-                                    })
-                                    .collect(),
+                                devices: devices.into_iter().map(api::Device::from).collect(),
                                 error: String::new(),
                             },
                             Err(error) => api::NodePrepareResourceResponse {

@@ -26,10 +26,11 @@
 use crate::support::plugin::{Plugin, RESOURCES};
 use crate::support::{fixtures, host, kubelet};
 
-/// The CRI runtime API subset in `proto/cri_runtime_v1.proto` (generated code).
+/// The CRI runtime API, generated from upstream's
+/// `proto/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto`.
 #[allow(clippy::all)]
 mod cri {
-    include!(concat!(env!("OUT_DIR"), "/runtime.v1.rs"));
+    tonic::include_proto!("runtime.v1");
 }
 
 use cri::runtime_service_client::RuntimeServiceClient;
@@ -351,6 +352,7 @@ async fn run_with(
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(host_network),
+                ..Default::default()
             }),
             ..Default::default()
         }),
@@ -385,7 +387,9 @@ async fn run_with(
             .iter()
             .map(|(k, v)| cri::KeyValue {
                 key: k.clone(),
-                value: v.clone(),
+                // `bytes` in runtime.v1 since 1.36 (an environment value
+                // need not be UTF-8); containerd takes the bytes as they are.
+                value: v.clone().into_bytes(),
             })
             .collect(),
         log_path: "rdma.log".into(),
