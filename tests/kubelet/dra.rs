@@ -6,7 +6,7 @@
 
 use crate::support::apiserver::Logged;
 use crate::support::cluster::Cluster;
-use crate::support::dra::{place, Driver, Place, DRIVER};
+use crate::support::dra::{place, Driver, Place, Setup, DRIVER};
 use crate::support::fixtures;
 use crate::support::grpcgo::{Answer, GoConn};
 use crate::support::kubelet::within;
@@ -22,27 +22,8 @@ const NODE: &str = "node-a";
 const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
 const NOTIFY: &str = "/pluginregistration.Registration/NotifyRegistrationStatus";
 
-/// The API stand-in with Node `node-a`, the 8-GPU fixture published, and
-/// the driver's place.
-struct Setup {
-    cluster: Cluster,
-    dirs: Dirs,
-    place: Place,
-    _tmp: tempfile::TempDir,
-}
-
 fn setup() -> Setup {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(tmp.path());
-    cluster.api.add_node(NODE);
-    let dirs = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
-    let place = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, NODE);
-    Setup {
-        cluster,
-        dirs,
-        place,
-        _tmp: tmp,
-    }
+    Setup::new(NODE)
 }
 
 /// The CDI devices the publisher wrote, as `kind=name`.

@@ -12,3 +12,4 @@ mod dra;
 mod plugin;
 mod podman;
 mod registration;
+mod wire;

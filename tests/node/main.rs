@@ -19,6 +19,7 @@ mod hook_binary;
 mod lldp;
 mod nfd_hooks;
 mod nvsmi_q_props;
+mod protos;
 mod rails;
 mod sysfs_props;
 mod topo_props;

@@ -144,3 +144,29 @@ pub fn place(dir: &Path, cdi_dir: &Path, kubeconfig: &Path, node: &str) -> Place
         node: node.to_string(),
     }
 }
+
+/// An API stand-in with one Node, the 8-GPU fixture published, and a
+/// driver's place on that node: what every DRA test starts from.
+pub struct Setup {
+    pub cluster: super::cluster::Cluster,
+    pub dirs: super::published::Dirs,
+    pub place: Place,
+    _tmp: tempfile::TempDir,
+}
+
+impl Setup {
+    /// The Node `node`, its fixture published, its driver not started.
+    pub fn new(node: &str) -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        let cluster = super::cluster::Cluster::start(tmp.path());
+        cluster.api.add_node(node);
+        let dirs = super::published::Dirs::published("gpu8", super::fixtures::gpu8_switch_paired);
+        let place = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, node);
+        Setup {
+            cluster,
+            dirs,
+            place,
+            _tmp: tmp,
+        }
+    }
+}

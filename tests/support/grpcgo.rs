@@ -252,6 +252,29 @@ pub fn request_fields<'a>(path: &'a str, authority: &'a str) -> [(&'a str, &'a s
     ]
 }
 
+/// grpc-go's `encodeTimeout`: the time left, rounded up, in the finest
+/// unit (n, u, m, S, M, H) that keeps it at eight digits.
+pub fn encode_timeout(left: std::time::Duration) -> String {
+    const MAX: u128 = 99_999_999;
+    let ns = left.as_nanos();
+    if ns == 0 {
+        return "0n".into();
+    }
+    for (unit, per) in [
+        ("n", 1u128),
+        ("u", 1_000),
+        ("m", 1_000_000),
+        ("S", 1_000_000_000),
+        ("M", 60_000_000_000),
+    ] {
+        let d = ns.div_ceil(per);
+        if d <= MAX {
+            return format!("{d}{unit}");
+        }
+    }
+    format!("{}H", ns.div_ceil(3_600_000_000_000))
+}
+
 /// A gRPC message: uncompressed flag, length, bytes.
 pub fn grpc_message(message: &[u8]) -> Vec<u8> {
     let mut out = vec![0];
@@ -278,6 +301,7 @@ pub struct GoConn {
     decoder: Decoder<'static>,
     next_stream: u32,
     authority: String,
+    timeout: Option<String>,
 }
 
 impl GoConn {
@@ -300,6 +324,7 @@ impl GoConn {
             decoder: Decoder::new(),
             next_stream: 1,
             authority,
+            timeout: Some("999931u".into()),
         })
     }
 
@@ -308,12 +333,42 @@ impl GoConn {
         &self.authority
     }
 
+    /// Every later call carries `deadline` as grpc-go sends a context's
+    /// deadline (`grpc-timeout`), or none at all; a new connection sends
+    /// 999931 µs, what a 1 s deadline (kubelet's plugin watcher) leaves.
+    pub fn with_deadline(mut self, deadline: Option<std::time::Duration>) -> GoConn {
+        self.timeout = deadline.map(encode_timeout);
+        self
+    }
+
     /// A unary call of `path` with `message`, answered as [`Answer`].
     pub async fn call(&mut self, path: &str, message: &[u8]) -> io::Result<Answer> {
+        self.exchange(path, message, false).await
+    }
+
+    /// Opens the server-streaming call `path` with `message` and answers
+    /// with its first message as `Done { status: "", .. }`, or how it ended
+    /// if it ended before one.
+    pub async fn first_of_stream(&mut self, path: &str, message: &[u8]) -> io::Result<Answer> {
+        self.exchange(path, message, true).await
+    }
+
+    async fn exchange(&mut self, path: &str, message: &[u8], first: bool) -> io::Result<Answer> {
         let stream = self.next_stream;
         self.next_stream += 2;
         let authority = self.authority.clone();
-        let block = self.encoder.encode(&request_fields(path, &authority));
+        let fields = request_fields(path, &authority);
+        let fields: Vec<(&str, &str)> = match &self.timeout {
+            Some(t) => fields
+                .into_iter()
+                .map(|(k, v)| (k, if k == "grpc-timeout" { t.as_str() } else { v }))
+                .collect(),
+            None => fields
+                .into_iter()
+                .filter(|(k, _)| *k != "grpc-timeout")
+                .collect(),
+        };
+        let block = self.encoder.encode(&fields);
         let mut out = header_frames(stream, &block, false, FRAME_SIZE);
         out.extend(frame(DATA, END_STREAM, stream, &grpc_message(message)));
         self.io.write_all(&out).await?;
@@ -354,6 +409,12 @@ impl GoConn {
                 DATA if id == stream => {
                     body.extend_from_slice(&payload);
                     if flags & END_STREAM != 0 {
+                        break;
+                    }
+                    let whole = body.len() >= 5
+                        && body.len() - 5
+                            >= u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+                    if first && whole {
                         break;
                     }
                 }
