@@ -68,6 +68,27 @@ pub fn parse_namespace(s: &str) -> Result<String, NamespaceError> {
     Ok(s.to_string())
 }
 
+/// The longest DRA driver name the API server takes in a ResourceSlice or
+/// a DeviceClass selector (`resource.k8s.io` `DriverNameMaxLength`).
+pub const DRIVER_NAME_MAX: usize = 63;
+
+/// A `--driver-name` value the API server would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a DRA driver name (a DNS subdomain of at most 63 characters: lowercase letters, digits, '-' and '.')"
+)]
+pub struct DriverNameError(pub String);
+
+/// Accepts a DRA driver name as `resource.k8s.io/v1` validates one: a DNS
+/// subdomain no longer than [`DRIVER_NAME_MAX`]. A longer name passes as a
+/// label prefix but every ResourceSlice of it would be refused with 422.
+pub fn parse_driver_name(s: &str) -> Result<String, DriverNameError> {
+    match parse_namespace(s) {
+        Ok(name) if name.len() <= DRIVER_NAME_MAX => Ok(name),
+        _ => Err(DriverNameError(s.to_string())),
+    }
+}
+
 /// True for a CDI device name (what follows `kind=`): letters, digits and
 /// `_ - . :`, starting and ending with a letter or digit. The plugin skips
 /// any other name, since `,` or `=` in one would smuggle more devices into a
@@ -81,7 +102,29 @@ pub fn is_cdi_device_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_cdi_device_name;
+    use super::{is_cdi_device_name, parse_driver_name, DRIVER_NAME_MAX};
+
+    #[test]
+    fn a_driver_name_over_63_characters_is_refused_as_the_api_server_refuses_its_slices() {
+        // 70 characters: a valid DNS subdomain, but resource.k8s.io's
+        // validation refuses a driver name over 63 in every ResourceSlice.
+        let long = format!("{}.example.com", "a".repeat(58));
+        assert!(long.len() > DRIVER_NAME_MAX);
+        let e = parse_driver_name(&long).unwrap_err();
+        assert!(e.to_string().contains("at most 63"), "{e}");
+        let longest = format!("{}.example.com", "a".repeat(51));
+        assert_eq!(longest.len(), DRIVER_NAME_MAX);
+        assert_eq!(parse_driver_name(&longest).unwrap(), longest);
+        for bad in [
+            "",
+            "Rdma.example.com",
+            "rdma_x.example.com",
+            "-a.example.com",
+        ] {
+            assert!(parse_driver_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_driver_name("rdma.gpustack.ai").is_ok());
+    }
 
     #[test]
     fn separators_that_would_name_other_devices_are_refused() {

@@ -5,7 +5,7 @@ use super::server::{self, Config};
 use crate::cli::cluster_args::parse_node_name;
 use crate::kubelet::args::PluginArgs;
 use crate::kubelet::signals;
-use crate::names::{duration_in, parse_namespace, DurationError};
+use crate::names::{duration_in, parse_driver_name, DurationError};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,13 +75,14 @@ pub struct DraCli {
     pub interval: Duration,
 
     /// The driver name: the DRA driver, its sockets and the domain of its
-    /// device attributes (a DNS subdomain).
+    /// device attributes (a DNS subdomain of at most 63 characters, as the
+    /// API server requires of a ResourceSlice's driver).
     #[arg(
         long,
         env = "NODEFABRIC_DRIVER_NAME",
         default_value = super::DEFAULT_DRIVER,
         value_name = "NAME",
-        value_parser = parse_namespace
+        value_parser = parse_driver_name
     )]
     pub driver_name: String,
 

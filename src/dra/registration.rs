@@ -14,8 +14,22 @@ use tracing::{info, warn};
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
 /// The DRA service versions served, the newest first: kubelet takes the
-/// first it knows.
+/// first it knows. These are upstream's `DRAPluginService` names, not the
+/// gRPC service names (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`).
 pub const VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+
+/// The folder under kubelet's root where its plugin watcher looks for
+/// registration sockets.
+pub const REGISTRY_DIR: &str = "plugins_registry";
+
+/// What follows the driver name in its registration socket's file name.
+pub const REGISTRATION_SOCKET_SUFFIX: &str = "-reg.sock";
+
+/// The folder under kubelet's root that holds each plugin's own folder.
+pub const PLUGINS_DIR: &str = "plugins";
+
+/// The DRA service socket's file name in `plugins/<driver>/`.
+pub const SERVICE_SOCKET: &str = "dra.sock";
 
 /// kubelet's verdict on a registration.
 #[derive(Debug, Clone, PartialEq, Eq)]

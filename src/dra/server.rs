@@ -17,7 +17,7 @@ use super::devices::{self, Pool, Published};
 use super::metrics::Observed;
 use super::publish::Reconciler;
 use super::rails_file::RailsFile;
-use super::registration::{Registrar, Verdict};
+use super::registration::{self, Registrar, Verdict};
 use super::service::{Options, Preparer, ServiceV1, ServiceV1beta1};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
@@ -70,16 +70,20 @@ impl Config {
     /// The registration socket kubelet's plugin watcher finds.
     pub fn registration_socket(&self) -> PathBuf {
         self.kubelet_root
-            .join("plugins_registry")
-            .join(format!("{}-reg.sock", self.driver))
+            .join(registration::REGISTRY_DIR)
+            .join(format!(
+                "{}{}",
+                self.driver,
+                registration::REGISTRATION_SOCKET_SUFFIX
+            ))
     }
 
     /// The DRA service socket.
     pub fn service_socket(&self) -> PathBuf {
         self.kubelet_root
-            .join("plugins")
+            .join(registration::PLUGINS_DIR)
             .join(&self.driver)
-            .join("dra.sock")
+            .join(registration::SERVICE_SOCKET)
     }
 }
 

@@ -10,7 +10,7 @@
 //! kubelet stand-in generated from the same edit agreed with it; these
 //! literals cannot.
 
-use crate::support::dra::{Driver, Setup, DRIVER};
+use crate::support::dra::{Driver, Setup, DRIVER, KUBELET_DRA_DEADLINE};
 use crate::support::fixtures;
 use crate::support::grpcgo::{encode_authority, Answer, GoConn};
 use crate::support::kubelet::within;
@@ -45,10 +45,6 @@ const DP_REGISTER: &str = "/v1beta1.Registration/Register";
 
 /// gRPC's UNIMPLEMENTED: what a path nobody serves is answered with.
 const UNIMPLEMENTED: &str = "12";
-
-/// kubelet's deadline on each DRA call (`pkg/kubelet/cm/dra/plugin`,
-/// docs/conformance.md): grpc-go sends what is left as `grpc-timeout`.
-const DRA_DEADLINE: Duration = Duration::from_secs(45);
 
 /// Waits for a server on `socket` and dials it as grpc-go does, with the
 /// `:authority` kubelet sends there.
@@ -106,6 +102,7 @@ async fn kubelets_dra_paths_are_answered_on_the_driver_sockets_never_unimplement
         plugin_registered: true,
         error: String::new(),
     };
+    conn.set_deadline(Some(Duration::from_secs(5)));
     let (status, _) = answered(
         NOTIFY,
         conn.call(NOTIFY, &verdict.encode_to_vec()).await.unwrap(),
@@ -115,7 +112,7 @@ async fn kubelets_dra_paths_are_answered_on_the_driver_sockets_never_unimplement
     // The service socket, as kubelet ≥ 1.34 dials it, with its deadline.
     let mut conn = dial(&s.place.service(), "localhost")
         .await
-        .with_deadline(Some(DRA_DEADLINE));
+        .with_deadline(Some(KUBELET_DRA_DEADLINE));
     let claim = v1::Claim {
         namespace: "team".into(),
         name: "gone-device".into(),

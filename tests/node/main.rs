@@ -8,6 +8,7 @@ mod support;
 
 mod capture;
 mod cdi;
+mod conformance;
 mod deploy;
 mod discovery;
 mod docs;

@@ -14,6 +14,29 @@ use tonic::transport::Channel;
 /// The driver name the tests run with.
 pub const DRIVER: &str = "rdma.gpustack.ai";
 
+/// kubelet's deadline on each NodePrepareResources and NodeUnprepareResources
+/// call: `defaultClientCallTimeout` in kubelet's `pkg/kubelet/cm/dra/plugin`
+/// (1.34 to 1.36), one `context.WithTimeout` per call, which grpc-go sends
+/// as `grpc-timeout` (docs/conformance.md).
+pub const KUBELET_DRA_DEADLINE: Duration = Duration::from_secs(45);
+
+/// Gives each call [`KUBELET_DRA_DEADLINE`], sent as `grpc-timeout`.
+#[derive(Clone, Copy)]
+pub struct KubeletDeadline;
+
+impl tonic::service::Interceptor for KubeletDeadline {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request.set_timeout(KUBELET_DRA_DEADLINE);
+        Ok(request)
+    }
+}
+
+/// A channel whose calls carry kubelet's deadline.
+pub type AsKubelet = tonic::service::interceptor::InterceptedService<Channel, KubeletDeadline>;
+
 /// Where one driver lives: its folders and its API access.
 #[derive(Clone)]
 pub struct Place {
@@ -96,17 +119,20 @@ impl Driver {
         }
     }
 
-    /// A v1 DRA client on the service socket.
-    pub async fn v1(&self) -> v1::dra_plugin_client::DraPluginClient<Channel> {
-        v1::dra_plugin_client::DraPluginClient::new(
+    /// A v1 DRA client on the service socket, calling as kubelet does:
+    /// authority `localhost`, each call with kubelet's deadline.
+    pub async fn v1(&self) -> v1::dra_plugin_client::DraPluginClient<AsKubelet> {
+        v1::dra_plugin_client::DraPluginClient::with_interceptor(
             socket::connect(&self.place.service()).await.unwrap(),
+            KubeletDeadline,
         )
     }
 
-    /// A v1beta1 DRA client on the service socket.
-    pub async fn v1beta1(&self) -> v1beta1::dra_plugin_client::DraPluginClient<Channel> {
-        v1beta1::dra_plugin_client::DraPluginClient::new(
+    /// A v1beta1 DRA client on the service socket, as [`Driver::v1`].
+    pub async fn v1beta1(&self) -> v1beta1::dra_plugin_client::DraPluginClient<AsKubelet> {
+        v1beta1::dra_plugin_client::DraPluginClient::with_interceptor(
             socket::connect(&self.place.service()).await.unwrap(),
+            KubeletDeadline,
         )
     }
 

@@ -337,8 +337,14 @@ impl GoConn {
     /// deadline (`grpc-timeout`), or none at all; a new connection sends
     /// 999931 µs, what a 1 s deadline (kubelet's plugin watcher) leaves.
     pub fn with_deadline(mut self, deadline: Option<std::time::Duration>) -> GoConn {
-        self.timeout = deadline.map(encode_timeout);
+        self.set_deadline(deadline);
         self
+    }
+
+    /// [`GoConn::with_deadline`] on a connection in use: kubelet's plugin
+    /// watcher gives GetInfo 1 s and NotifyRegistrationStatus 5 s.
+    pub fn set_deadline(&mut self, deadline: Option<std::time::Duration>) {
+        self.timeout = deadline.map(encode_timeout);
     }
 
     /// A unary call of `path` with `message`, answered as [`Answer`].
