@@ -184,3 +184,35 @@ fn the_rows_that_name_our_constants_show_what_the_code_holds() {
         assert_eq!(row.ours, value, "docs/conformance.md row {name:?}");
     }
 }
+
+/// cdi's `validateVendorOrClassName` (pkg/parser/parser.go:146-167): a
+/// letter first, a letter or digit last, letters, digits, `_ . -` between.
+fn cdi_vendor_or_class(name: &str) -> bool {
+    let inner = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    name.len() >= 2
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name.chars().all(inner)
+}
+
+#[test]
+fn every_cdi_kind_we_write_is_one_the_runtimes_parser_takes() {
+    let kinds = [
+        nodefabric::cdi::Family::Whole.kind(),
+        nodefabric::cdi::Family::Partitioned.kind(),
+        nodefabric::dra::claim_spec::KIND,
+    ];
+    for kind in kinds {
+        let (vendor, class) = kind.split_once('/').unwrap();
+        assert!(cdi_vendor_or_class(vendor), "{kind}: vendor {vendor:?}");
+        assert!(cdi_vendor_or_class(class), "{kind}: class {class:?}");
+        assert!(
+            rows()["CDI kind rule"].source.contains(&format!("`{kind}`")),
+            "docs/conformance.md's kind row does not list {kind}"
+        );
+    }
+    // The rule itself refuses what the parser refuses.
+    for bad in ["1vendor", "vendor-", "ven dor", "v", ""] {
+        assert!(!cdi_vendor_or_class(bad), "{bad:?}");
+    }
+}
