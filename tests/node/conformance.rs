@@ -207,7 +207,9 @@ fn every_cdi_kind_we_write_is_one_the_runtimes_parser_takes() {
         assert!(cdi_vendor_or_class(vendor), "{kind}: vendor {vendor:?}");
         assert!(cdi_vendor_or_class(class), "{kind}: class {class:?}");
         assert!(
-            rows()["CDI kind rule"].source.contains(&format!("`{kind}`")),
+            rows()["CDI kind rule"]
+                .source
+                .contains(&format!("`{kind}`")),
             "docs/conformance.md's kind row does not list {kind}"
         );
     }
