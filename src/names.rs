@@ -89,6 +89,19 @@ pub fn parse_driver_name(s: &str) -> Result<String, DriverNameError> {
     }
 }
 
+/// True for a Kubernetes object UID as the API server makes them: an RFC
+/// 4122 UUID in its 36-character text form (`8-4-4-4-12` hex digits). The
+/// DRA driver names files after claim UIDs, so anything else (a `/`, `..`)
+/// is refused before a path is built from it.
+pub fn is_api_uid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// True for a CDI device name (what follows `kind=`): letters, digits and
 /// `_ - . :`, starting and ending with a letter or digit. The plugin skips
 /// any other name, since `,` or `=` in one would smuggle more devices into a
@@ -102,7 +115,28 @@ pub fn is_cdi_device_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_cdi_device_name, parse_driver_name, DRIVER_NAME_MAX};
+    use super::{is_api_uid, is_cdi_device_name, parse_driver_name, DRIVER_NAME_MAX};
+
+    #[test]
+    fn a_claim_uid_that_would_climb_out_of_the_cdi_folder_is_not_an_api_uid() {
+        for bad in [
+            "x/../../victim",
+            "../00000000-0000-4000-8000-000000000001",
+            "00000000-0000-4000-8000-00000000000g",
+            "00000000-0000-4000-8000-0000000000011",
+            "00000000000040008000000000000001",
+            "",
+            "uid-of-nothing",
+        ] {
+            assert!(!is_api_uid(bad), "{bad:?}");
+        }
+        for good in [
+            "00000000-0000-4000-8000-000000000001",
+            "9B2E4F4C-1D2A-4C8E-9F3B-7A6D5C4B3A21",
+        ] {
+            assert!(is_api_uid(good), "{good:?}");
+        }
+    }
 
     #[test]
     fn a_driver_name_over_63_characters_is_refused_as_the_api_server_refuses_its_slices() {

@@ -43,10 +43,15 @@ pub fn spec(claim_uid: &str, rdma_devices: &[String]) -> Spec {
     }
 }
 
-/// Writes the claim's spec atomically (unchanged bytes are not rewritten).
-pub fn write(cdi_dir: &Path, claim_uid: &str, rdma_devices: &[String]) -> Result<(), PublishError> {
+/// Writes the claim's spec atomically; unchanged bytes are not rewritten.
+/// True when the file was missing or differed.
+pub fn write(
+    cdi_dir: &Path,
+    claim_uid: &str,
+    rdma_devices: &[String],
+) -> Result<bool, PublishError> {
     let bytes = cdi::to_bytes(&spec(claim_uid, rdma_devices));
-    publish::write_if_changed(cdi_dir, &file_name(claim_uid), &bytes).map(|_| ())
+    publish::write_if_changed(cdi_dir, &file_name(claim_uid), &bytes)
 }
 
 /// Removes the claim's spec; one already gone is no error.

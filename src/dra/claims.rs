@@ -35,6 +35,10 @@ pub struct Prepared {
     pub rdma_devices: Vec<String>,
 }
 
+/// The most allocation results one claim may hold (`resource.k8s.io/v1`
+/// `AllocationResultsMaxSize`): more is no claim the API server made.
+pub const MAX_RESULTS: usize = 32;
+
 /// Why one claim cannot be prepared; the message names the claim.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimError {
@@ -57,6 +61,58 @@ pub enum ClaimError {
         namespace: String,
         /// Its name.
         name: String,
+    },
+    /// A result of this driver names another node's pool: kubelet asked
+    /// the wrong node, and an empty success would start the pod without
+    /// its NIC.
+    #[error("ResourceClaim {namespace}/{name}: allocation result {index} names device {device} of pool {pool}, which is not this node's pool")]
+    OtherPool {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The result's position in the allocation.
+        index: usize,
+        /// The pool it names.
+        pool: String,
+        /// The device it names.
+        device: String,
+    },
+    /// No result is this driver's: kubelet calls a driver only for claims
+    /// it has devices in, so an empty answer would hide a mistake.
+    #[error("ResourceClaim {namespace}/{name} has no device of driver {driver} allocated")]
+    NoResultOfDriver {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// This driver.
+        driver: String,
+    },
+    /// One device allocated twice in one claim: an exclusive NIC is one
+    /// device, however many requests name it.
+    #[error("ResourceClaim {namespace}/{name}: device {device} is allocated twice (requests {first} and {second})")]
+    DeviceTwice {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The device.
+        device: String,
+        /// The first request naming it.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// More results than the API allows.
+    #[error("ResourceClaim {namespace}/{name} holds {count} allocation results; the API allows at most {MAX_RESULTS}")]
+    TooManyResults {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// How many.
+        count: usize,
     },
     /// An allocated device is no longer in the published specs.
     #[error("ResourceClaim {namespace}/{name}: device {device} of pool {pool} is no longer published (its CDI spec no longer lists it)")]
@@ -101,14 +157,39 @@ pub fn prepare(
         .and_then(|d| d.results.as_ref())
         .map(Vec::as_slice)
         .unwrap_or_default();
+    if results.len() > MAX_RESULTS {
+        return Err(ClaimError::TooManyResults {
+            namespace,
+            name,
+            count: results.len(),
+        });
+    }
     let mut out = Prepared {
         namespace: namespace.clone(),
         name: name.clone(),
         ..Prepared::default()
     };
-    for r in results {
-        if r.driver != driver || r.pool != pool_name {
+    for (index, r) in results.iter().enumerate() {
+        if r.driver != driver {
             continue;
+        }
+        if r.pool != pool_name {
+            return Err(ClaimError::OtherPool {
+                namespace,
+                name,
+                index,
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+            });
+        }
+        if let Some(first) = out.devices.iter().find(|d| d.device_name == r.device) {
+            return Err(ClaimError::DeviceTwice {
+                namespace,
+                name,
+                device: r.device.clone(),
+                first: first.request_names.join(","),
+                second: r.request.clone(),
+            });
         }
         let Some(device) = pool.device(&r.device) else {
             return Err(ClaimError::Gone {
@@ -127,6 +208,13 @@ pub fn prepare(
         if !out.rdma_devices.contains(&device.rdma_device) {
             out.rdma_devices.push(device.rdma_device.clone());
         }
+    }
+    if out.devices.is_empty() {
+        return Err(ClaimError::NoResultOfDriver {
+            namespace,
+            name,
+            driver: driver.to_string(),
+        });
     }
     Ok(out)
 }
@@ -186,11 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn only_this_drivers_results_in_this_nodes_pool_are_prepared() {
+    fn only_this_drivers_results_are_prepared() {
         let c = claim(&[
             ("gpu.nvidia.com", "node-a", "gpu-0"),
             ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
-            ("rdma.gpustack.ai", "node-b", "pci-0000-3b-00-0"),
         ]);
         let p = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap();
         assert_eq!(p.devices.len(), 1);
@@ -211,5 +298,57 @@ mod tests {
         let gone = claim(&[("rdma.gpustack.ai", "node-a", "pci-0000-af-00-0")]);
         let e = prepare(&gone, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
         assert!(e.to_string().contains("pci-0000-af-00-0"), "{e}");
+    }
+
+    #[test]
+    fn a_result_of_this_driver_in_another_nodes_pool_is_an_error_not_an_empty_success() {
+        let c = claim(&[
+            ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
+            ("rdma.gpustack.ai", "node-b", "pci-0000-3b-00-0"),
+        ]);
+        let e = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
+        assert!(matches!(e, ClaimError::OtherPool { index: 1, .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("team/job-nic") && e.contains("node-b"), "{e}");
+        let only_other = claim(&[("rdma.gpustack.ai", "node-b", "pci-0000-3b-00-0")]);
+        assert!(prepare(&only_other, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).is_err());
+    }
+
+    #[test]
+    fn a_claim_with_no_result_of_this_driver_is_an_error_naming_it() {
+        let c = claim(&[("gpu.nvidia.com", "node-a", "gpu-0")]);
+        let e = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
+        assert!(matches!(e, ClaimError::NoResultOfDriver { .. }), "{e}");
+        assert!(e.to_string().contains("team/job-nic"), "{e}");
+    }
+
+    #[test]
+    fn a_device_named_twice_is_refused_rather_than_handed_out_twice() {
+        let c = claim(&[
+            ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
+            ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
+        ]);
+        let e = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
+        assert!(matches!(e, ClaimError::DeviceTwice { .. }), "{e}");
+        assert!(e.to_string().contains("pci-0000-3b-00-0"), "{e}");
+    }
+
+    #[test]
+    fn more_results_than_the_api_allows_are_refused() {
+        let many: Vec<(&str, &str, &str)> = (0..MAX_RESULTS + 1)
+            .map(|_| ("gpu.nvidia.com", "node-a", "gpu-0"))
+            .collect();
+        let e = prepare(
+            &claim(&many),
+            "uid-1",
+            "rdma.gpustack.ai",
+            "node-a",
+            &pool(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ClaimError::TooManyResults { count: 33, .. }),
+            "{e}"
+        );
     }
 }

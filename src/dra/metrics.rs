@@ -14,6 +14,7 @@
 //! | `prepare_total` | counter, `outcome` | claims prepared (ok/error) |
 //! | `unprepare_total` | counter, `outcome` | claims unprepared (ok/error) |
 //! | `prepare_duration_seconds` | histogram | one claim's Prepare |
+//! | `prepared_failed_link_total` | counter | devices prepared whose link had failed since allocation |
 
 use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -64,6 +65,7 @@ pub struct Observed {
     prepare: Family<OutcomeLabel, Counter>,
     unprepare: Family<OutcomeLabel, Counter>,
     prepare_seconds: Histogram,
+    failed_link: Counter,
     readiness: Mutex<Readiness>,
 }
 
@@ -88,6 +90,7 @@ impl Observed {
             unprepare: Family::default(),
             // 50 µs to about 0.8 s: a checkpointed claim, or one API read.
             prepare_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 15)),
+            failed_link: Counter::default(),
             readiness: Mutex::new(Readiness::default()),
             registry: Registry::default(),
         };
@@ -123,6 +126,11 @@ impl Observed {
             "prepare_duration_seconds",
             "One claim's Prepare",
             o.prepare_seconds.clone(),
+        );
+        registry.register(
+            "prepared_failed_link",
+            "Devices prepared whose link had failed since allocation",
+            o.failed_link.clone(),
         );
         Observed { registry, ..o }
     }
@@ -173,6 +181,11 @@ impl Observed {
     pub fn prepared(&self, ok: bool, took: Duration) {
         self.prepare.get_or_create(&outcome(ok)).inc();
         self.prepare_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A device was prepared whose link failed after it was allocated.
+    pub fn prepared_failed_link(&self) {
+        self.failed_link.inc();
     }
 
     /// One claim's Unprepare ended.

@@ -28,6 +28,7 @@ pub mod claims;
 pub mod cli;
 pub mod devices;
 pub mod metrics;
+pub mod preparer;
 pub mod publish;
 pub mod rails_file;
 pub mod registration;

@@ -93,18 +93,36 @@ impl Reconciler {
             .map_err(|e| ClusterError::api(format!("listing ResourceSlices ({selector})"), e))?
             .items;
         let wanted = slices::devices(pool);
+        // Only slices this Node owns, at a generation the next write can
+        // exceed, are the pool as we left it. Anything else under our
+        // driver and node (another account's slice, a generation of
+        // i64::MAX) is foreign: it is deleted below, and never the base of
+        // the next generation, so no slice content can stop the driver.
+        let ours = |s: &&ResourceSlice| {
+            s.spec.pool.name == self.node
+                && owned_by(s, &owner)
+                && (0..i64::MAX).contains(&s.spec.pool.generation)
+        };
         let latest = existing
             .iter()
-            .filter(|s| s.spec.pool.name == self.node)
+            .filter(ours)
             .map(|s| s.spec.pool.generation)
             .max();
         let current: Vec<ResourceSlice> = existing
             .iter()
-            .filter(|s| s.spec.pool.name == self.node && Some(s.spec.pool.generation) == latest)
+            .filter(ours)
+            .filter(|s| Some(s.spec.pool.generation) == latest)
             .cloned()
             .collect();
+        let highest = existing
+            .iter()
+            .filter(|s| s.spec.pool.name == self.node)
+            .map(|s| s.spec.pool.generation)
+            .filter(|g| (0..i64::MAX).contains(g))
+            .max();
+        // A foreign slice above ours would be the pool to the scheduler.
         let in_place = latest.is_some()
-            && current.iter().all(|s| owned_by(s, &owner))
+            && highest == latest
             && slices::published_devices(&current).is_some_and(|on_server| {
                 on_server == wanted
                     || self
@@ -115,7 +133,15 @@ impl Reconciler {
         let (keep, created, generation) = if in_place {
             (current, 0, latest.unwrap_or_default())
         } else {
-            let generation = latest.unwrap_or(0).max(self.written) + 1;
+            // Above every generation of the pool that can be exceeded, a
+            // foreign one included, so the scheduler takes ours even while a
+            // foreign slice resists deletion; starting over at 1 is the
+            // answer should nothing be below i64::MAX.
+            let generation = highest
+                .unwrap_or(0)
+                .max(self.written)
+                .checked_add(1)
+                .unwrap_or(1);
             let made = self.create(pool, &owner, generation, &wanted).await?;
             let n = made.len();
             (made, n, generation)

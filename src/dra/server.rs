@@ -15,10 +15,11 @@
 
 use super::devices::{self, Pool, Published};
 use super::metrics::Observed;
+use super::preparer::{Options, Preparer};
 use super::publish::Reconciler;
 use super::rails_file::RailsFile;
 use super::registration::{self, Registrar, Verdict};
-use super::service::{Options, Preparer, ServiceV1, ServiceV1beta1};
+use super::service::{ServiceV1, ServiceV1beta1};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
 use crate::cluster::ClusterError;
@@ -216,7 +217,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tokio::pin!(shutdown);
     loop {
         folders.rearm();
-        driver.look().await?;
+        driver.look(&preparer).await?;
         driver.keep_serving(&preparer, &verdict_tx);
         if driver.stale && (!driver.failed || driver.reconcile_retry.due(None)) {
             driver.reconcile().await;
@@ -265,9 +266,12 @@ struct Driver {
 }
 
 impl Driver {
-    /// Reads what changed in the CDI folder and the rail record, and
-    /// publishes a changed pool.
-    async fn look(&mut self) -> Result<(), RunError> {
+    /// Reads what changed in the CDI folder and the rail record, publishes
+    /// a changed pool, and puts back any prepared claim's CDI spec that is
+    /// missing or changed (a clean-up of the CDI folder must not break the
+    /// next container restart of a running pod).
+    async fn look(&mut self, preparer: &Arc<Preparer>) -> Result<(), RunError> {
+        let preparer = preparer.clone();
         let mut loader = self.loader.take().expect("put back after every look");
         let mut rails = self.rails.take();
         let kubelet_folders = [
@@ -278,6 +282,7 @@ impl Driver {
         let (loader, rails, mut outcome, rails_changed, kubelet_stale) =
             tokio::task::spawn_blocking(move || {
                 let outcome = loader.load();
+                preparer.restore_specs();
                 let rails_changed = rails.as_mut().is_some_and(RailsFile::look);
                 // kubelet's folders too: a socket served in the host's old
                 // folder is never found by kubelet.

@@ -1,229 +1,32 @@
 //! kubelet's DRA service: NodePrepareResources and NodeUnprepareResources,
-//! served in `v1` and `v1beta1` from one [`Preparer`].
-//!
-//! Each call is a batch of claims; each claim succeeds or fails on its own,
-//! with a message naming it. Calls are serialised (one lock over the
-//! checkpoint), idempotent (a prepared claim is answered from the
-//! checkpoint; an unknown claim unprepares as done), and every change is
-//! checkpointed before it is answered.
+//! served in `v1` and `v1beta1` over one [`Preparer`], which does the work.
+//! This module only converts: kubelet's messages to claims, the call's
+//! `grpc-timeout` to the Preparer's deadline, typed errors to the per-claim
+//! `error` strings kubelet reads.
 
-use super::checkpoint::Checkpoint;
-use super::claim_spec;
-use super::claims::{self, Prepared, PreparedDevice};
-use super::devices::Pool;
-use super::metrics::Observed;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::{Api, Client};
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use super::claims::PreparedDevice;
+use super::preparer::{ClaimRef, Preparer};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Mutex};
-use tracing::{info, warn};
 
-/// What the preparer needs to know of its place.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// The driver name: allocation results of other drivers are not ours.
-    pub driver: String,
-    /// The node, which is the pool's name.
-    pub node_name: String,
-    /// Where the per-claim CDI specs go (the publisher's CDI folder).
-    pub cdi_dir: PathBuf,
-    /// Where the checkpoint is kept.
-    pub state_dir: PathBuf,
-    /// Bounds each read of a claim.
-    pub api_timeout: Duration,
-}
-
-/// A claim as kubelet names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRef {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its UID.
-    pub uid: String,
-    /// Its name.
-    pub name: String,
-}
-
-/// Prepares and unprepares claims; shared by both API versions' services.
-pub struct Preparer {
-    options: Options,
-    claims: Client,
-    pool: watch::Receiver<Arc<Pool>>,
-    checkpoint: Mutex<Checkpoint>,
-    observed: Arc<Observed>,
-}
-
-impl Preparer {
-    /// A preparer starting from the checkpoint in the state folder; the
-    /// per-claim specs of checkpointed claims are written again if gone.
-    pub fn open(
-        options: Options,
-        client: Client,
-        pool: watch::Receiver<Arc<Pool>>,
-        observed: Arc<Observed>,
-    ) -> Preparer {
-        let checkpoint = Checkpoint::load(&options.state_dir);
-        for (uid, prepared) in &checkpoint.claims {
-            if prepared.rdma_devices.is_empty() {
-                continue;
-            }
-            if let Err(e) = claim_spec::write(&options.cdi_dir, uid, &prepared.rdma_devices) {
-                warn!(
-                    "restoring the CDI spec of prepared claim {}/{}: {}",
-                    prepared.namespace,
-                    prepared.name,
-                    e.one_line()
-                );
-            }
-        }
-        observed.prepared_claims(checkpoint.claims.len());
-        Preparer {
-            options,
-            claims: client,
-            pool,
-            checkpoint: Mutex::new(checkpoint),
-            observed,
-        }
+/// The deadline kubelet's grpc-go sent as `grpc-timeout` (`<digits><unit>`,
+/// at most 8 digits, unit `H M S m u n`), if any and well formed.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
-
-    /// Prepares each claim: its devices, or why not.
-    pub async fn prepare(
-        &self,
-        claims: Vec<ClaimRef>,
-    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
-        let mut checkpoint = self.checkpoint.lock().await;
-        let mut out = BTreeMap::new();
-        for claim in claims {
-            let started = std::time::Instant::now();
-            let answer = self.prepare_one(&mut checkpoint, &claim).await;
-            self.observed.prepared(answer.is_ok(), started.elapsed());
-            if let Err(e) = &answer {
-                warn!("Prepare: {e}");
-            }
-            out.insert(claim.uid, answer);
-        }
-        self.observed.prepared_claims(checkpoint.claims.len());
-        out
-    }
-
-    async fn prepare_one(
-        &self,
-        checkpoint: &mut Checkpoint,
-        claim: &ClaimRef,
-    ) -> Result<Vec<PreparedDevice>, String> {
-        if let Some(done) = checkpoint.claims.get(&claim.uid) {
-            if done.namespace == claim.namespace && done.name == claim.name {
-                if !done.rdma_devices.is_empty() {
-                    claim_spec::write(&self.options.cdi_dir, &claim.uid, &done.rdma_devices)
-                        .map_err(|e| format!("{}: {}", describe(claim), e.one_line()))?;
-                }
-                return Ok(answer(&claim.uid, done));
-            }
-        }
-        let read = self.read_claim(claim).await?;
-        let pool = self.pool.borrow().clone();
-        let prepared = claims::prepare(
-            &read,
-            &claim.uid,
-            &self.options.driver,
-            &self.options.node_name,
-            &pool,
-        )
-        .map_err(|e| e.to_string())?;
-        if !prepared.rdma_devices.is_empty() {
-            claim_spec::write(&self.options.cdi_dir, &claim.uid, &prepared.rdma_devices)
-                .map_err(|e| format!("{}: {}", describe(claim), e.one_line()))?;
-        }
-        checkpoint
-            .claims
-            .insert(claim.uid.clone(), prepared.clone());
-        if let Err(e) = checkpoint.save(&self.options.state_dir) {
-            checkpoint.claims.remove(&claim.uid);
-            let _ = claim_spec::remove(&self.options.cdi_dir, &claim.uid);
-            return Err(format!("{}: {e}", describe(claim)));
-        }
-        info!(
-            claim = describe(claim),
-            devices = prepared.devices.len(),
-            "prepared"
-        );
-        Ok(answer(&claim.uid, &prepared))
-    }
-
-    async fn read_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, String> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.claims.clone(), &claim.namespace);
-        let what = format!("reading {}", describe(claim));
-        match tokio::time::timeout(self.options.api_timeout, api.get_opt(&claim.name)).await {
-            Err(_) => Err(format!(
-                "{what}: no answer within the API timeout ({})",
-                humantime::format_duration(self.options.api_timeout)
-            )),
-            Ok(Err(e)) => Err(crate::cluster::ClusterError::api(what, e).to_string()),
-            Ok(Ok(None)) => Err(format!("{}: not found", describe(claim))),
-            Ok(Ok(Some(c))) => Ok(c),
-        }
-    }
-
-    /// Unprepares each claim: removes its CDI spec and forgets it. A claim
-    /// not prepared here is done already.
-    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
-        let mut checkpoint = self.checkpoint.lock().await;
-        let mut out = BTreeMap::new();
-        for claim in claims {
-            let answer = self.unprepare_one(&mut checkpoint, &claim);
-            self.observed.unprepared(answer.is_ok());
-            if let Err(e) = &answer {
-                warn!("Unprepare: {e}");
-            }
-            out.insert(claim.uid, answer);
-        }
-        self.observed.prepared_claims(checkpoint.claims.len());
-        out
-    }
-
-    fn unprepare_one(&self, checkpoint: &mut Checkpoint, claim: &ClaimRef) -> Result<(), String> {
-        claim_spec::remove(&self.options.cdi_dir, &claim.uid).map_err(|e| {
-            format!(
-                "{}: removing {}: {e}",
-                describe(claim),
-                self.options
-                    .cdi_dir
-                    .join(claim_spec::file_name(&claim.uid))
-                    .display()
-            )
-        })?;
-        if let Some(gone) = checkpoint.claims.remove(&claim.uid) {
-            if let Err(e) = checkpoint.save(&self.options.state_dir) {
-                checkpoint.claims.insert(claim.uid.clone(), gone);
-                return Err(format!("{}: {e}", describe(claim)));
-            }
-            info!(claim = describe(claim), "unprepared");
-        }
-        Ok(())
-    }
-}
-
-/// `ResourceClaim ns/name (uid)`, the way every message names a claim.
-fn describe(claim: &ClaimRef) -> String {
-    format!(
-        "ResourceClaim {}/{} ({})",
-        claim.namespace, claim.name, claim.uid
-    )
-}
-
-/// The devices kubelet is answered with: the claim's own CDI spec's ID once,
-/// on its first device.
-fn answer(uid: &str, prepared: &Prepared) -> Vec<PreparedDevice> {
-    let mut devices = prepared.devices.clone();
-    if let Some(first) = devices.first_mut() {
-        if !prepared.rdma_devices.is_empty() {
-            first.cdi_device_ids.push(claim_spec::cdi_id(uid));
-        }
-    }
-    devices
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 impl From<PreparedDevice> for super::api::v1::Device {
@@ -279,6 +82,7 @@ macro_rules! service {
                 tonic::Status,
             > {
                 use super::api::$version as api;
+                let deadline = grpc_timeout(request.metadata());
                 let claims = request
                     .into_inner()
                     .claims
@@ -287,7 +91,7 @@ macro_rules! service {
                     .collect();
                 let claims = self
                     .0
-                    .prepare(claims)
+                    .prepare(claims, deadline)
                     .await
                     .into_iter()
                     .map(|(uid, answer)| {
@@ -298,7 +102,7 @@ macro_rules! service {
                             },
                             Err(error) => api::NodePrepareResourceResponse {
                                 devices: Vec::new(),
-                                error,
+                                error: error.to_string(),
                             },
                         };
                         (uid, one)
@@ -329,7 +133,7 @@ macro_rules! service {
                     .await
                     .into_iter()
                     .map(|(uid, answer)| {
-                        let error = answer.err().unwrap_or_default();
+                        let error = answer.err().map(|e| e.to_string()).unwrap_or_default();
                         (uid, api::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
@@ -343,3 +147,36 @@ macro_rules! service {
 
 service!(v1, ServiceV1);
 service!(v1beta1, ServiceV1beta1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(value: &str) -> tonic::metadata::MetadataMap {
+        let mut m = tonic::metadata::MetadataMap::new();
+        m.insert("grpc-timeout", value.parse().unwrap());
+        m
+    }
+
+    #[test]
+    fn kubelets_grpc_timeout_is_read_in_every_unit_and_a_bad_one_is_none() {
+        assert_eq!(
+            grpc_timeout(&with("44999931u")),
+            Some(Duration::from_micros(44_999_931))
+        );
+        assert_eq!(grpc_timeout(&with("45S")), Some(Duration::from_secs(45)));
+        assert_eq!(grpc_timeout(&with("2H")), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            grpc_timeout(&with("300m")),
+            Some(Duration::from_millis(300))
+        );
+        for bad in ["", "u", "123456789u", "12x", "-1S", "1.5S"] {
+            let m = if bad.is_empty() {
+                tonic::metadata::MetadataMap::new()
+            } else {
+                with(bad)
+            };
+            assert_eq!(grpc_timeout(&m), None, "{bad:?}");
+        }
+    }
+}

@@ -318,8 +318,8 @@ async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares(
     let request = prepare_request(&[
         ("team", "two-nics", &good),
         ("team", "gone", &gone),
-        ("team", "replaced", "an-older-uid"),
-        ("team", "missing", "uid-of-nothing"),
+        ("team", "replaced", "00000000-0000-4000-8000-0000000000aa"),
+        ("team", "missing", "00000000-0000-4000-8000-0000000000bb"),
     ]);
     let answer = driver
         .v1()
@@ -360,10 +360,10 @@ async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares(
         answer.claims[&gone].error
     );
     assert!(answer.claims[&gone].error.contains("pci-0000-ff-00-0"));
-    assert!(answer.claims["an-older-uid"]
+    assert!(answer.claims["00000000-0000-4000-8000-0000000000aa"]
         .error
         .contains("team/replaced"));
-    assert!(answer.claims["uid-of-nothing"]
+    assert!(answer.claims["00000000-0000-4000-8000-0000000000bb"]
         .error
         .contains("team/missing"));
 

@@ -9,6 +9,7 @@ mod support;
 
 mod containerd;
 mod dra;
+mod dra_faults;
 mod plugin;
 mod podman;
 mod registration;

@@ -395,6 +395,13 @@ impl State {
             .collect()
     }
 
+    /// Creates a ResourceSlice as any account allowed to create slices
+    /// would (another DRA driver), through the server's validation; the
+    /// status code answered.
+    pub fn create_slice(&mut self, slice: Value) -> u16 {
+        create(self, &serde_json::to_vec(&slice).unwrap()).0
+    }
+
     /// Stores a ResourceClaim allocated to `results` (driver, pool, device,
     /// request); returns its UID.
     pub fn put_claim(

@@ -181,12 +181,17 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The Node `node`, its fixture published, its driver not started.
+    /// The Node `node`, the 8-GPU fixture published, its driver not started.
     pub fn new(node: &str) -> Setup {
+        Setup::on(node, "gpu8", super::fixtures::gpu8_switch_paired)
+    }
+
+    /// [`Setup::new`] with the fixture `fixture` published instead.
+    pub fn on<T>(node: &str, name: &str, fixture: impl FnOnce(&Path) -> T) -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let cluster = super::cluster::Cluster::start(tmp.path());
         cluster.api.add_node(node);
-        let dirs = super::published::Dirs::published("gpu8", super::fixtures::gpu8_switch_paired);
+        let dirs = super::published::Dirs::published(name, fixture);
         let place = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, node);
         Setup {
             cluster,
