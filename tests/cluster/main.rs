@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod configmap_restore;
 mod gpu_exec;
 
 use apiserver::{Action, ApiServer, TOKEN};

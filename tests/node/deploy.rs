@@ -530,8 +530,14 @@ fn the_observer_deployment_owns_the_configmap_the_broker_may_patch_and_probes_it
         verbs(&rbac, me, "", "configmaps", Some(ns), None),
         ["get", "create", "patch"]
     );
+    // Its own ConfigMap it may also list and watch (by field selector), to
+    // re-create it on deletion; no other.
     assert_eq!(
         verbs(&rbac, me, "", "configmaps", Some(ns), Some(&cm.name)),
+        ["get", "list", "watch", "create", "patch"]
+    );
+    assert_eq!(
+        verbs(&rbac, me, "", "configmaps", Some(ns), Some("other")),
         ["get", "create", "patch"]
     );
     assert!(verbs(&rbac, me, "", "configmaps", Some("kube-system"), None).is_empty());

@@ -498,6 +498,14 @@ fn needed(rails: Rails, gpu: GpuExec) -> BTreeSet<Grant> {
                     "",
                     &["get", "create", "patch"],
                 ));
+                v.extend(grant(
+                    "nodefabric-observer",
+                    NS,
+                    "",
+                    "configmaps",
+                    cm,
+                    &["list", "watch"],
+                ));
             }
             RecordForm::CustomResource => {
                 let g = "nodefabric.gpustack.ai";

@@ -6,7 +6,8 @@
 //!   resourceVersion as a chunked stream of `{"type", "object"}` lines;
 //!   `410 Gone` (an ERROR event) for a resourceVersion older than the
 //!   retained history.
-//! - ConfigMaps: GET, POST (409 AlreadyExists), PATCH with
+//! - ConfigMaps: GET, LIST and WATCH (with `fieldSelector=metadata.name=…`,
+//!   which RBAC authorizes as a request on that name), POST (409 AlreadyExists), PATCH with
 //!   `application/json-patch+json` (RFC 6902, `test` included: any failed
 //!   operation is 422 Invalid and nothing applies) and
 //!   `application/merge-patch+json` (RFC 7386, `null` removes); an empty
@@ -684,12 +685,22 @@ fn shape(obj: &Value, partial: bool) -> Value {
 }
 
 /// What RBAC sees of a request: verb, group, resource, namespace, name.
+/// A list or watch narrowed by `fieldSelector=metadata.name=NAME` is
+/// authorized as one on NAME, as kube-apiserver's RequestInfoFactory does
+/// (so a rule with resourceNames may grant a single-object watch).
 fn attributes(
     method: &Method,
     seg: &[&str],
+    query: &str,
     watch: bool,
 ) -> Option<super::apiserver_rbac::Attributes> {
     use super::apiserver_rbac::Attributes;
+    let selected = query_param(query, "fieldSelector").and_then(|f| {
+        f.split(',')
+            .find_map(|t| t.strip_prefix("metadata.name=").map(str::to_string))
+            .filter(|n| !n.is_empty() && !n.contains('/'))
+    });
+    let selected = selected.as_deref();
     let verb = |named: bool| match (method.as_str(), named) {
         ("GET", true) => "get",
         ("GET", false) if watch => "watch",
@@ -702,12 +713,12 @@ fn attributes(
         _ => "unknown",
     };
     Some(match seg {
-        ["api", "v1", resource] => Attributes::new(verb(false), "", resource, None, None),
+        ["api", "v1", resource] => Attributes::new(verb(false), "", resource, None, selected),
         ["api", "v1", resource, name] => {
             Attributes::new(verb(true), "", resource, None, Some(name))
         }
         ["api", "v1", "namespaces", ns, resource] => {
-            Attributes::new(verb(false), "", resource, Some(ns), None)
+            Attributes::new(verb(false), "", resource, Some(ns), selected)
         }
         ["api", "v1", "namespaces", ns, resource, name] => {
             Attributes::new(verb(true), "", resource, Some(ns), Some(name))
@@ -816,7 +827,7 @@ async fn serve(
         log(&mut state.lock().unwrap(), code);
         return reply(code, &b);
     }
-    if let (Some(sa), Some(a)) = (&account, attributes(&method, &segments, is_watch)) {
+    if let (Some(sa), Some(a)) = (&account, attributes(&method, &segments, &query, is_watch)) {
         if !rbac.allows((&sa.0, &sa.1), &a) {
             let (code, b) = forbidden(sa, &a);
             log(&mut state.lock().unwrap(), code);
@@ -1028,6 +1039,29 @@ fn route(
                     json!({"name": name, "group": "apps", "kind": "deployments"}),
                 ),
             }
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "configmaps"]) => {
+            let selector = query_param(query, "fieldSelector");
+            let only = selector
+                .as_deref()
+                .and_then(|f| f.strip_prefix("metadata.name="));
+            let items: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|((r, n, name), _)| {
+                    r == "configmaps" && n == ns && only.is_none_or(|o| o == name)
+                })
+                .map(|(_, o)| shape(o, partial))
+                .collect();
+            let (api, kind) = if partial {
+                ("meta.k8s.io/v1", "PartialObjectMetadataList")
+            } else {
+                ("v1", "ConfigMapList")
+            };
+            (
+                200,
+                json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            )
         }
         ("GET", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
             match s.objects.get(&key("configmaps", ns, name)) {

@@ -9,6 +9,12 @@
 //! deletions missed while it was down; each Node deletion or UID change seen
 //! on the watch reconciles that one key; a periodic full pass catches
 //! records a broker wrote for a Node already gone.
+//!
+//! With the ConfigMap form it also watches the one ConfigMap it owns (a
+//! metadata watch narrowed to its name): deleted (`kubectl delete`, a
+//! clean-up script), it is created again at once, empty, with the same
+//! labels and controller, and every broker writes its key back at its next
+//! interval; the resync and the retry of a failed pass create it too.
 
 pub mod claim;
 pub mod stale_keys;
@@ -18,7 +24,7 @@ use super::client::retry::Backoff;
 use super::error::Chain;
 use super::{ClusterError, ConfigMapRef};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{watcher as watch, WatchStreamExt};
@@ -97,6 +103,9 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
     // observer has nothing else to do.
     .backoff(Backoff::API.endless())
     .boxed();
+    let mut own = own_watch(client, claimed);
+    // Whether the ConfigMap was in the current (re)list of its watch.
+    let mut listed = false;
     let mut nodes = Nodes::new();
     let mut listing = Nodes::new();
     let mut synced = false;
@@ -110,6 +119,38 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
         let quiet_at = state.watch_failing;
         let event = tokio::select! {
             e = events.next() => e,
+            Some(e) = own.next() => {
+                let gone = match e {
+                    Ok(Event::Init) => {
+                        listed = false;
+                        false
+                    }
+                    Ok(Event::InitApply(_)) => {
+                        listed = true;
+                        false
+                    }
+                    Ok(Event::InitDone) => !listed,
+                    Ok(Event::Apply(_)) => false,
+                    Ok(Event::Delete(_)) => true,
+                    // The watcher backs off and retries by itself; the resync
+                    // still re-creates a ConfigMap deleted meanwhile.
+                    Err(e) => {
+                        if let Some(c) = claimed {
+                            tracing::warn!("watching ConfigMap {}: {}", c.cm, Chain(&e));
+                        }
+                        false
+                    }
+                };
+                if let (true, Some(c)) = (gone, claimed) {
+                    tracing::warn!("ConfigMap {} was deleted; creating it again", c.cm);
+                    let ok = recreate(client, c).await?;
+                    // A failure is retried (a full pass, which creates it)
+                    // with backoff, unready meanwhile; a success changes no
+                    // record, so readiness stays as the last pass left it.
+                    state.passed(ok, false, &settings.health);
+                }
+                continue;
+            }
             _ = resync.tick(), if synced => {
                 let ok = pass(client, claimed, &nodes, None).await?;
                 state.passed(ok, true, &settings.health);
@@ -182,6 +223,46 @@ async fn observe(client: &Client, settings: &Settings) -> Result<(), ClusterErro
                     state.passed(ok, false, &settings.health);
                 }
             }
+        }
+    }
+}
+
+/// The watch of the observer's own ConfigMap (metadata only, narrowed to
+/// its name, so RBAC can grant it by resourceNames); a stream that never
+/// yields without one.
+fn own_watch(
+    client: &Client,
+    claimed: Option<&Claimed>,
+) -> futures::stream::BoxStream<'static, Result<Event<PartialObjectMeta<ConfigMap>>, watcher::Error>>
+{
+    let Some(Claimed { cm, .. }) = claimed else {
+        return futures::stream::pending().boxed();
+    };
+    let api = Api::<PartialObjectMeta<ConfigMap>>::namespaced(
+        client.clone(),
+        cm.namespace.as_deref().unwrap_or_default(),
+    );
+    watch(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={}", cm.name)),
+    )
+    .backoff(Backoff::API.endless())
+    .boxed()
+}
+
+/// Creates the ConfigMap again after its deletion was seen; whether that
+/// succeeded (failures are logged). One made meanwhile by someone else is
+/// the one error returned, as in [`pass`].
+async fn recreate(client: &Client, c: &Claimed) -> Result<bool, ClusterError> {
+    match claim::ensure(client, &c.cm, &c.owner).await {
+        Ok(()) => Ok(true),
+        Err(e @ ClusterError::NotOwned { .. }) => {
+            tracing::error!("re-creating ConfigMap {}: {}; stopping", c.cm, Chain(&e));
+            Err(e)
+        }
+        Err(e) => {
+            tracing::error!("re-creating ConfigMap {}: {}", c.cm, Chain(&e));
+            Ok(false)
         }
     }
 }

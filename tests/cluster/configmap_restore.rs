@@ -1,0 +1,98 @@
+//! The shared ConfigMap deleted under a running observer and interval
+//! publishers (issue 39, item 7): the observer re-creates its own object on
+//! the deletion event, and every publisher writes its key again.
+
+use super::support::cluster::{NS, OWNER};
+use super::{eventually, sigterm, World, CM};
+use serde_json::json;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// `publish --interval 2s` for Node `node` under the broker's account, into
+/// the shared ConfigMap; its output folders are its own.
+fn publisher(w: &World, node: &str) -> Child {
+    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
+    c.args(["publish", "--sysfs-root"]).arg(&w.root);
+    for (flag, dir) in [
+        ("--features-dir", "f"),
+        ("--cdi-dir", "cdi"),
+        ("--state-dir", "s"),
+    ] {
+        c.arg(flag).arg(w.dir.join(format!("{node}-{dir}")));
+    }
+    c.args(["--interval", "2s", "--lldp-json"])
+        .arg(w.dir.join("lldp.json"));
+    c.args([
+        "--interface-regex",
+        "^eth_r([0-9]+)_p[0-9]+$",
+        "--rail-id",
+        "rail$1",
+        "--sysfs-paths",
+        "--node-name",
+        node,
+        "--rails-configmap",
+        CM,
+    ]);
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn deleted_rail_configmap_is_recreated_by_the_observer_and_every_key_is_back_within_two_intervals()
+{
+    let w = World::new();
+    let owner_uid = w.api.add_deployment(NS, OWNER);
+    let nodes = ["node-a", "node-b"];
+    for n in nodes {
+        w.api.add_node(n);
+    }
+    let mut obs = w.synced_observer(); // resync: the 10m default
+    let mut publishers: Vec<Child> = nodes.iter().map(|n| publisher(&w, n)).collect();
+    let every_key = |w: &World| {
+        w.api
+            .data(NS, CM)
+            .is_some_and(|d| nodes.iter().all(|n| d.contains_key(*n)))
+    };
+    eventually("every publisher wrote its key", || every_key(&w));
+    let first = w.api.configmap(NS, CM).unwrap();
+
+    w.api.delete_configmap(NS, CM);
+    // Two 2 s intervals and some slack; far below the 10 minute resync.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !every_key(&w) {
+        assert!(
+            Instant::now() < deadline,
+            "10 s after the deletion the ConfigMap is {}; observer log:\n{}",
+            match w.api.data(NS, CM) {
+                None => "still absent".to_string(),
+                Some(d) => format!("back with keys {:?} only", d.keys().collect::<Vec<_>>()),
+            },
+            w.read_log("observer.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The observer's own object again: a new one, same labels, its controller.
+    let again = w.api.configmap(NS, CM).unwrap();
+    assert_ne!(again["metadata"]["uid"], first["metadata"]["uid"]);
+    assert_eq!(
+        again["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNER, "uid": owner_uid, "controller": true}])
+    );
+    assert_eq!(again["metadata"]["labels"], first["metadata"]["labels"]);
+    let log = w.read_log("observer.log");
+    assert!(
+        log.contains("ConfigMap nodefabric/nodefabric-rails was deleted"),
+        "the observer names what it restores: {log}"
+    );
+    // Nobody crashed on the way.
+    for p in &mut publishers {
+        assert!(p.try_wait().unwrap().is_none(), "a publisher exited");
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+    assert!(obs.try_wait().unwrap().is_none(), "the observer exited");
+    assert!(sigterm(&mut obs).success());
+}
