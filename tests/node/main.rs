@@ -17,6 +17,7 @@ mod faults;
 mod helm;
 mod hook_binary;
 mod lldp;
+mod nfd_hook_run;
 mod nfd_hooks;
 mod nvsmi_q_props;
 mod protos;
