@@ -328,7 +328,7 @@ fn bare_nodefabric_at_a_terminal_says_what_it_did_and_where_help_is() {
 }
 
 #[test]
-fn help_explains_the_bare_run() {
+fn help_says_what_a_run_without_arguments_does() {
     let out = Command::new(LEAN).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
@@ -534,7 +534,7 @@ fn install_hook_wait_holds_until_sigterm_and_leaves_removal_to_the_pre_stop() {
 }
 
 #[test]
-fn the_parser_keeps_nfds_rules() {
+fn the_feature_file_reader_drops_comments_expired_and_no_label_lines_as_nfd_does() {
     let now = SystemTime::now();
     let text = "\n  a.b/x=1  \n# a comment=not\n# +no-label\na.b/hidden=1\na.b/flag\n# +expiry-time=2000-01-01T00:00:00Z\na.b/old=1\n";
     let got = parse_feature_file(text, now);
