@@ -2,7 +2,8 @@
 //!
 //! Data flows one way: [`discover`] reads a sysfs tree into a
 //! [`record::NodeRecord`]; everything published ([`labels`] through [`nfd`])
-//! is a pure function of that record; [`publish`] is the only code that writes.
+//! is a pure function of that record; [`publish`] is the only code that writes
+//! what a pass found ([`hook`] writes only the binary itself, as NFD's hook).
 
 /// What `--version` prints for both binaries: the release and the commit it
 /// was built from, so a bug report names the exact build.
@@ -21,6 +22,7 @@ pub mod discover;
 pub mod dra;
 pub mod escape;
 pub mod fabric;
+pub mod hook;
 pub mod input;
 pub mod kubelet;
 pub mod labels;

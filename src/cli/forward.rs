@@ -36,6 +36,7 @@ pub fn needed(cli: &Cli) -> Option<&'static str> {
         Command::Inventory(_) | Command::Features(_) | Command::Preflight(_) => true,
         Command::Publish(_) | Command::Capture(_) => true,
         Command::Cdi(_) | Command::Rails(_) => false,
+        Command::InstallHook(_) | Command::RemoveHook(_) => return None,
     };
     let nvidia_named = cli.nvidia_smi.is_some() || cli.nvidia_smi_q.is_some();
     let nvml = cli.nvml_lib.is_some() || (!nvidia_named && super::nvml_can_work(&cli.sysfs_root));
@@ -64,7 +65,7 @@ pub fn to_full(why: &str) -> ExitCode {
 
 /// `nodefabric-full` beside this binary (as installed and as cargo builds
 /// them), else the first on PATH.
-fn find_full() -> Option<PathBuf> {
+pub(crate) fn find_full() -> Option<PathBuf> {
     let beside = std::env::current_exe()
         .ok()
         .map(|exe| exe.with_file_name(FULL_BINARY))

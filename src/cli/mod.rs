@@ -4,7 +4,7 @@
 
 use crate::labels::DEFAULT_NAMESPACE;
 use crate::pass::{self, Pass};
-use crate::{cdi, fabric, nfd, preflight};
+use crate::{cdi, fabric, hook, nfd, preflight};
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -28,7 +28,12 @@ pub use rails::{RailArgs, RailInputArgs, RailsCommand};
 /// Every command reads the same pass over the sysfs tree, so `preflight`
 /// shows exactly what `publish` would write.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "nodefabric", version = crate::VERSION, propagate_version = true)]
+#[command(
+    name = "nodefabric",
+    version = crate::VERSION,
+    propagate_version = true,
+    after_help = BARE_HELP
+)]
 pub struct Cli {
     /// The sysfs tree to read: the live /sys, a copy of one, or a
     /// `nodefabric capture` archive (.tar.gz), unpacked to a temp folder.
@@ -112,6 +117,10 @@ pub struct Cli {
     pub full: Option<&'static dyn full::Full>,
 }
 
+/// What `--help` says of a run with no arguments at all, the way nfd-worker
+/// runs a `source.d` hook.
+const BARE_HELP: &str = "With no arguments at all, nodefabric runs `features`: the NFD label lines on stdout, nothing written, exit 0 unless the tree cannot be read. That is how NFD (v0.12-v0.16) runs it as a source.d hook. It reads NODEFABRIC_SYSFS_ROOT when set, else /host-sys (where nfd-worker mounts the host's sysfs) when that exists, else /sys; the other NODEFABRIC_* variables apply as usual. See nfd-hooks/README.md.";
+
 /// Kept here for callers that name it through the command line module.
 pub use crate::names::parse_namespace;
 use crate::names::{duration_in, DurationError};
@@ -172,6 +181,34 @@ pub enum Command {
     /// custom-resource` writes. deploy/crds/ holds the same text.
     #[command(after_help = "Example:\n  nodefabric crd | kubectl apply -f -")]
     Crd,
+    /// Install this binary as NFD's source.d hook (NFD v0.12-v0.16): copied
+    /// to a hidden temp file in --dest, then renamed to `nodefabric` there,
+    /// replacing a previous one, so nfd-worker never runs a partial copy.
+    InstallHook(InstallHookArgs),
+    /// Remove the hook `nodefabric` from --dest, so nfd-worker stops running
+    /// it (its labels go at the next pass). Nothing to do when it is absent.
+    RemoveHook(HookDirArgs),
+}
+
+/// The `source.d` folder the hook commands work in.
+#[derive(Debug, Clone, Args)]
+pub struct HookDirArgs {
+    /// The host's NFD source.d folder, as mounted where this runs.
+    #[arg(long, value_name = "DIR", default_value = hook::SOURCE_D)]
+    pub dest: PathBuf,
+}
+
+/// Options of `install-hook`.
+#[derive(Debug, Clone, Args)]
+pub struct InstallHookArgs {
+    /// Where to install.
+    #[command(flatten)]
+    pub dir: HookDirArgs,
+
+    /// After installing, stay until SIGTERM (exit 0): the hook pod's one
+    /// process, whose preStop runs `remove-hook`.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// Where the previous record lives (for stable `firstSeen` times).
@@ -198,18 +235,48 @@ pub fn main() -> ExitCode {
 pub fn main_lean() -> ExitCode {
     let cli = parse();
     if let Some(why) = forward::needed(&cli) {
-        return forward::to_full(why);
+        // Run as NFD's hook, alone in source.d, this binary reads the
+        // fabric without NVML (nvidia-smi, where there is one) rather than
+        // fail a pass and so lose every label.
+        let bare_alone = std::env::args_os().len() <= 1 && forward::find_full().is_none();
+        if !bare_alone {
+            return forward::to_full(why);
+        }
     }
     crate::logging::init(cli.log_level);
     run(&cli)
 }
 
-/// Parses `std::env::args`; a misuse exits 2 with clap's message.
+/// Parses `std::env::args`; a misuse exits 2 with clap's message. No
+/// arguments at all is the NFD hook's run: see [`bare`].
 fn parse() -> Cli {
+    if std::env::args_os().len() <= 1 {
+        return bare();
+    }
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = require_folders_off_sys(&cli, &matches) {
         e.exit();
+    }
+    cli
+}
+
+/// The command line of a run with no arguments: `features`, as nfd-worker
+/// runs a `source.d` hook (no arguments, its own environment), on
+/// `NODEFABRIC_SYSFS_ROOT` when set, else on [`hook::bare_sysfs_root`].
+fn bare() -> Cli {
+    let matches = Cli::command().get_matches_from(["nodefabric", "features"]);
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if matches.value_source("sysfs_root") == Some(clap::parser::ValueSource::DefaultValue) {
+        cli.sysfs_root = hook::bare_sysfs_root();
+    }
+    // Only a person at a terminal is told: nfd-worker logs every stderr line
+    // of a hook at every pass (each minute, on every node).
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!(
+            "nodefabric: no command given, so this ran `features` on {} (what NFD runs as a source.d hook) and wrote nothing; `nodefabric --help` lists the commands",
+            cli.sysfs_root.display()
+        );
     }
     cli
 }
@@ -450,6 +517,24 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         Command::Capture(c) => capture::capture(cli, c)?,
         Command::Observe(o) => cli.full()?.observe(o)?,
         Command::Crd => emit(cli.full()?.crd())?,
+        Command::InstallHook(h) => {
+            if h.wait {
+                hook::block_termination()?;
+            }
+            let path = hook::install(&h.dir.dest)?;
+            eprintln!("nodefabric: installed {}", path.display());
+            if h.wait {
+                let signal = hook::wait_for_termination()?;
+                eprintln!("nodefabric: signal {signal}, exiting (preStop removes the hook)");
+            }
+        }
+        Command::RemoveHook(h) => match hook::remove(&h.dest)? {
+            Some(path) => eprintln!("nodefabric: removed {}", path.display()),
+            None => eprintln!(
+                "nodefabric: no hook in {}, nothing to remove",
+                h.dest.display()
+            ),
+        },
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -231,12 +231,11 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                     "{file}: {name}/{}: no memory limit",
                     c.name
                 );
-                let Some(command) = c.command.as_ref() else {
-                    // Only the hook mode's pause container runs no binary of ours.
-                    assert_eq!(c.name, "pause", "{file}: {name}");
-                    assert!(image.starts_with("registry.k8s.io/pause:"), "{file}");
-                    continue;
-                };
+                let command = c
+                    .command
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{file}: {name}/{}: no command", c.name));
+                assert!(!init, "{file}: {name}/{}: an init container", c.name);
                 let probed = c.liveness_probe.is_some() && c.readiness_probe.is_some();
                 match command[0].as_str() {
                     "/usr/local/bin/nodefabric-full" => {
@@ -253,12 +252,13 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                                     Some("/etc/kubernetes/node-feature-discovery/features.d"),
                                     "{file}: the NFD features.d mount"
                                 );
-                                // hook: one pass (an init container); interval: the loop, probed.
-                                assert_eq!(init, p.interval.is_none(), "{file}");
-                                assert_eq!(p.health_addr.is_some(), !init, "{file}");
-                                if !init {
-                                    long_running.insert((name.clone(), probed));
-                                }
+                                // No mode writes labels that never refresh and
+                                // never expire: every publisher is the loop,
+                                // whose labels lapse if it stops.
+                                assert!(p.interval.is_some(), "{file}: a one-shot publisher");
+                                assert!(p.ttl().is_some(), "{file}: labels without expiry");
+                                assert!(p.health_addr.is_some(), "{file}");
+                                long_running.insert((name.clone(), probed));
                                 check_broker(&file, c, &volumes, p, &block, form, &config);
                             }
                             Sub::Observe(o) => {
@@ -268,6 +268,12 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                             }
                             other => panic!("{file}: {name} runs {other:?}"),
                         }
+                    }
+                    "/usr/local/bin/nodefabric" => {
+                        // The hook mode: the lean binary installs itself into
+                        // NFD's source.d and holds until the pod goes; it runs
+                        // no pass, so it has nothing to probe.
+                        check_hook_installer(&file, c, &volumes);
                     }
                     "/usr/local/bin/nodefabric-device-plugin" => {
                         let cli = PluginCli::try_parse_from(argv(c))
@@ -286,6 +292,42 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
             "{file}: a long-running container without liveness and readiness probes: {long_running:?}"
         );
     }
+}
+
+/// The hook mode's container: `install-hook --wait` into the host's NFD
+/// source.d (a hostPath mounted at --dest), and a preStop that execs the
+/// same binary's `remove-hook` on the same folder (the image has no shell).
+fn check_hook_installer(file: &str, c: &Container, volumes: &[k8s_openapi::api::core::v1::Volume]) {
+    let cli = Cli::try_parse_from(argv(c)).unwrap_or_else(|e| panic!("{file}: {:?}: {e}", argv(c)));
+    let Sub::InstallHook(h) = &cli.command else {
+        panic!("{file}: the lean binary runs {:?}", cli.command);
+    };
+    assert!(h.wait, "{file}: the installer must hold the pod");
+    assert_eq!(
+        host_path(volumes, c, &h.dir.dest),
+        Some("/etc/kubernetes/node-feature-discovery/source.d"),
+        "{file}: --dest is not the host's source.d"
+    );
+    let pre_stop = c
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .unwrap_or_else(|| panic!("{file}: no preStop exec"));
+    assert_eq!(
+        pre_stop[0], "/usr/local/bin/nodefabric",
+        "{file}: {pre_stop:?}"
+    );
+    let stop =
+        Cli::try_parse_from(&pre_stop).unwrap_or_else(|e| panic!("{file}: {pre_stop:?}: {e}"));
+    let Sub::RemoveHook(r) = &stop.command else {
+        panic!("{file}: the preStop runs {:?}", stop.command);
+    };
+    assert_eq!(
+        r.dest, h.dir.dest,
+        "{file}: preStop removes from another folder"
+    );
 }
 
 /// The publisher's rail flags and mounts follow the block.
@@ -939,6 +981,86 @@ fn the_charts_objects_are_the_kustomize_bases_where_both_render_them() {
         assert_eq!(
             &p, b,
             "{form}: the publisher differs beyond its rail wiring"
+        );
+    }
+}
+
+#[test]
+fn the_hook_mode_installs_into_source_d_as_the_nfd_hook_component_does() {
+    let test = "the_hook_mode_installs_into_source_d_as_the_nfd_hook_component_does";
+    let Some(helm) = helm(test) else { return };
+    let Some(with_component) = kustomize(test, &["deploy"], &["deploy/components/nfd-hook"]) else {
+        return;
+    };
+    let chart = by_key(&render(&helm, &[&ci("hook-mode-values.yaml")]));
+    let deploy = by_key(&with_component);
+    let publisher = (
+        "DaemonSet".to_string(),
+        NS.to_string(),
+        "nodefabric".to_string(),
+    );
+    let plugin = (
+        "DaemonSet".to_string(),
+        NS.to_string(),
+        "nodefabric-device-plugin".to_string(),
+    );
+    assert_eq!(
+        chart.get(&publisher),
+        deploy.get(&publisher),
+        "the hook DaemonSets differ"
+    );
+    // Labels only: neither runs a device plugin, which would serve no specs.
+    assert!(!chart.contains_key(&plugin) && !deploy.contains_key(&plugin));
+    let pod = pod_of(&chart[&publisher]);
+    assert!(pod.init_containers.is_none(), "a one-shot pass is back");
+    let [c] = pod.containers.as_slice() else {
+        panic!("{:?}", pod.containers)
+    };
+    check_hook_installer("hook-mode-values.yaml", c, &pod.volumes.clone().unwrap());
+    let volumes = pod.volumes.unwrap();
+    assert_eq!(
+        volumes.len(),
+        1,
+        "the hook mounts only source.d: {volumes:?}"
+    );
+    assert_eq!(
+        volumes[0].host_path.as_ref().unwrap().type_.as_deref(),
+        Some("DirectoryOrCreate")
+    );
+}
+
+#[test]
+fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
+    let test = "the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name";
+    let Some(helm) = helm(test) else { return };
+    let chart = chart();
+    let rails = ci("custom-resource-values.yaml");
+    for (set, values, says) in [
+        ("publisher.mode=hook", vec![], "devicePlugin.enabled=false"),
+        (
+            "publisher.mode=hook,devicePlugin.enabled=false",
+            vec![rails.as_path()],
+            "gpuNicRailMapping off",
+        ),
+    ] {
+        let out = run_helm(
+            &helm,
+            &[
+                "template",
+                RELEASE,
+                chart.to_str().unwrap(),
+                "-n",
+                NS,
+                "--set",
+                set,
+            ],
+            &values,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set}: rendered");
+        assert!(
+            err.contains("publisher.mode hook gives NFD labels only") && err.contains(says),
+            "{set}: {err}"
         );
     }
 }

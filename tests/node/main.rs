@@ -18,6 +18,7 @@ mod faults;
 mod helm;
 mod hook_binary;
 mod lldp;
+mod nfd_hook_run;
 mod nfd_hooks;
 mod nvsmi_q_props;
 mod protos;

@@ -51,8 +51,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/*
-The publisher's arguments (after `--sysfs-root=/host/sys publish`), shared
-by the interval loop and the hook mode's one pass.
+The interval publisher's arguments (after `--sysfs-root=/host/sys publish`).
 */}}
 {{- define "nodefabric.publishArgs" -}}
 - --features-dir={{ .Values.publisher.featuresDir }}
