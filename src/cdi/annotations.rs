@@ -47,6 +47,8 @@ pub enum Key {
     Interface,
     /// `parent`.
     Parent,
+    /// `ports`.
+    Ports,
 }
 
 impl Key {
@@ -61,6 +63,7 @@ impl Key {
             Key::LinkLayer => "rdma.gpustack.ai/link-layer",
             Key::Interface => "rdma.gpustack.ai/interface",
             Key::Parent => "rdma.gpustack.ai/parent",
+            Key::Ports => "rdma.gpustack.ai/ports",
         }
     }
 }
@@ -94,6 +97,41 @@ pub struct EndpointAnnotations {
     pub interfaces: Vec<String>,
     /// For a VF: its PF's PCI address.
     pub parent: Option<String>,
+    /// The ports' states as read, `1=DOWN/Disabled,2=ACTIVE/LinkUp`
+    /// ([`ports_summary`]): what a link verdict rests on, for the DRA
+    /// driver's taints and health messages. Absent in older specs.
+    pub ports: Option<String>,
+}
+
+/// The longest `ports` annotation read: a few ports' state words.
+pub const MAX_PORTS_LEN: usize = 256;
+
+/// The ports of a link verdict as one annotation value: each port as
+/// `N=state/phys_state` with the kernel's number prefix dropped (`4: ACTIVE`
+/// becomes `ACTIVE`), an unreadable value as `unreadable`, joined by `,`.
+pub fn ports_summary(ports: &[crate::record::PortReading]) -> Option<String> {
+    let word = |v: &Option<String>| {
+        v.as_deref().map_or("unreadable".to_string(), |v| {
+            let w = v.split_once(": ").map_or(v, |(_, w)| w).trim();
+            w.chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect()
+        })
+    };
+    let out: Vec<String> = ports
+        .iter()
+        .map(|p| format!("{}={}/{}", p.port, word(&p.state), word(&p.phys_state)))
+        .collect();
+    let out = out.join(",");
+    (!out.is_empty() && is_ports(&out)).then_some(out)
+}
+
+/// The `ports` grammar: ASCII letters, digits and `= / , _ .`, bounded.
+fn is_ports(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_PORTS_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"=/,_.".contains(&b))
 }
 
 /// Why a CDI device's annotations do not make an [`EndpointAnnotations`].
@@ -146,6 +184,9 @@ impl EndpointAnnotations {
         }
         if let Some(parent) = &self.parent {
             put(Key::Parent, parent.clone());
+        }
+        if let Some(ports) = &self.ports {
+            put(Key::Ports, ports.clone());
         }
         m
     }
@@ -221,8 +262,20 @@ impl EndpointAnnotations {
             }
             None => Vec::new(),
         };
+        let ports = match get(Key::Ports) {
+            Some(v) if is_ports(v) => Some(v.to_string()),
+            Some(v) => {
+                return Err(malformed(
+                    Key::Ports,
+                    v,
+                    "expected port states such as 1=ACTIVE/LinkUp",
+                ))
+            }
+            None => None,
+        };
         Ok(EndpointAnnotations {
             rdma_device: rdma_device.to_string(),
+            ports,
             pci_address: pci_address(Key::PciAddress)?,
             pcie_root,
             numa,
@@ -261,6 +314,7 @@ mod tests {
             link_layer: Some("Ethernet".into()),
             interfaces: vec!["ens1f0v1".into()],
             parent: Some("0000:04:00.0".into()),
+            ports: Some("1=ACTIVE/LinkUp".into()),
         }
     }
 
@@ -270,6 +324,32 @@ mod tests {
         map.insert(Key::LinkLayer.as_str().into(), "Ether net;rm".into());
         let e = EndpointAnnotations::from_map("mlx5_3", &map).unwrap_err();
         assert!(e.to_string().contains("rdma.gpustack.ai/link-layer"), "{e}");
+    }
+
+    #[test]
+    fn the_ports_summary_drops_the_kernels_numbers_and_says_unreadable() {
+        use crate::record::PortReading;
+        let port = |n: &str, state: Option<&str>, phys: Option<&str>| PortReading {
+            port: n.into(),
+            state: state.map(str::to_string),
+            phys_state: phys.map(str::to_string),
+            link_layer: None,
+        };
+        let ports = [
+            port("1", Some("1: DOWN"), Some("3: Disabled")),
+            port("2", None, Some("5: LinkUp")),
+        ];
+        assert_eq!(
+            ports_summary(&ports).as_deref(),
+            Some("1=DOWN/Disabled,2=unreadable/LinkUp")
+        );
+        assert_eq!(ports_summary(&[]), None);
+        let odd = [port("1", Some("4: ACTIVE (odd) \u{1b}"), Some("x"))];
+        let s = ports_summary(&odd).unwrap();
+        assert!(is_ports(&s), "{s}");
+        let mut map = vf().to_map();
+        map.insert("rdma.gpustack.ai/ports".into(), "1=DOWN Disabled".into());
+        assert!(EndpointAnnotations::from_map("mlx5_3", &map).is_err());
     }
 
     #[test]
@@ -283,6 +363,7 @@ mod tests {
             link_layer: None,
             interfaces: vec!["ib0".into(), "ib0.8001".into()],
             parent: None,
+            ports: None,
         };
         for a in [vf(), dual] {
             let map = a.to_map();
@@ -295,7 +376,8 @@ mod tests {
         assert_eq!(map["rdma.gpustack.ai/link"], "Failed");
         assert_eq!(map["rdma.gpustack.ai/pcie-root"], "pci0000:00");
         assert_eq!(map["rdma.gpustack.ai/link-layer"], "Ethernet");
-        assert_eq!(map.len(), 8);
+        assert_eq!(map["rdma.gpustack.ai/ports"], "1=ACTIVE/LinkUp");
+        assert_eq!(map.len(), 9);
     }
 
     #[test]

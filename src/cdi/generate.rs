@@ -99,6 +99,10 @@ fn draft(ep: &Interface, parent: Option<&Interface>) -> Result<Draft, Unresolved
             .map(str::to_string),
         interfaces: ep.name.iter().cloned().collect(),
         parent: parent.and_then(|p| p.pci_bus_id.clone()),
+        ports: ep
+            .link
+            .as_ref()
+            .and_then(|l| crate::cdi::annotations::ports_summary(&l.ports)),
     };
     Ok(Draft {
         endpoint,

@@ -238,6 +238,7 @@ mod tests {
                 cdi_id: "gpustack.ai/rdma=mlx5_0".into(),
                 rdma_device: "mlx5_0".into(),
                 link: LinkState::Ok,
+                ports: None,
                 attributes: Default::default(),
             }],
             refused: vec![],

@@ -2,6 +2,7 @@
 //! tests can parse manifests' container args with the real parser.
 
 use super::server::{self, Config};
+use super::taints::FailedEffect;
 use crate::cli::cluster_args::parse_node_name;
 use crate::kubelet::args::PluginArgs;
 use crate::kubelet::signals;
@@ -101,6 +102,20 @@ pub struct DraCli {
     )]
     pub api_timeout: Duration,
 
+    /// The effect of the `<driver>/link-failed` taint a device with a
+    /// Failed link carries (Kubernetes ≥ 1.35 with DRADeviceTaints; on by
+    /// default from 1.36). NoSchedule keeps new claims off it; NoExecute
+    /// also evicts the pods already using it, so a flapping link restarts
+    /// jobs: choose it only where that is wanted.
+    #[arg(
+        long,
+        env = "NODEFABRIC_FAILED_LINK_TAINT",
+        default_value = "no-schedule",
+        value_name = "EFFECT",
+        value_enum
+    )]
+    pub failed_link_taint: FailedEffect,
+
     /// The flags both kubelet plugins share.
     #[command(flatten)]
     pub common: PluginArgs,
@@ -129,6 +144,7 @@ impl DraCli {
             max_spec_bytes: self.common.max_spec_bytes,
             api_timeout: self.api_timeout,
             metrics_addr: self.common.metrics_addr,
+            failed_link_taint: self.failed_link_taint,
         }
     }
 }

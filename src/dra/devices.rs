@@ -48,6 +48,9 @@ pub struct DraDevice {
     pub rdma_device: String,
     /// The link verdict, also the `linkState` attribute.
     pub link: LinkState,
+    /// The ports' states the verdict rests on (`1=DOWN/Disabled`), when
+    /// the spec says: a `Failed` device's taint value and health message.
+    pub ports: Option<String>,
     /// Attribute name → value. Standard attributes carry their domain
     /// (`resource.kubernetes.io/pcieRoot`); the driver's own are bare
     /// (`linkState`), which the API reads as in the driver's domain.
@@ -199,6 +202,7 @@ fn of_device(
         cdi_id: format!("{kind}={}", device.name),
         rdma_device: a.rdma_device.clone(),
         link: a.link,
+        ports: a.ports.clone(),
         attributes,
     }
 }

@@ -15,6 +15,7 @@
 //! | `unprepare_total` | counter, `outcome` | claims unprepared (ok/error) |
 //! | `prepare_duration_seconds` | histogram | one claim's Prepare |
 //! | `prepared_failed_link_total` | counter | devices prepared whose link had failed since allocation |
+//! | `server_dropped_fields` | gauge (0/1), `gate` | the API server dropped fields of the last slice write (the gate named is off) |
 
 use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -36,6 +37,12 @@ fn outcome(ok: bool) -> OutcomeLabel {
     OutcomeLabel {
         outcome: if ok { "ok" } else { "error" },
     }
+}
+
+/// The feature-gate label of the dropped-fields gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateLabel {
+    gate: &'static str,
 }
 
 /// Why the driver is not ready, one entry per cause.
@@ -66,6 +73,7 @@ pub struct Observed {
     unprepare: Family<OutcomeLabel, Counter>,
     prepare_seconds: Histogram,
     failed_link: Counter,
+    dropped: Family<GateLabel, Gauge>,
     readiness: Mutex<Readiness>,
 }
 
@@ -91,6 +99,7 @@ impl Observed {
             // 50 µs to about 0.8 s: a checkpointed claim, or one API read.
             prepare_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 15)),
             failed_link: Counter::default(),
+            dropped: Family::default(),
             readiness: Mutex::new(Readiness::default()),
             registry: Registry::default(),
         };
@@ -131,6 +140,11 @@ impl Observed {
             "prepared_failed_link",
             "Devices prepared whose link had failed since allocation",
             o.failed_link.clone(),
+        );
+        registry.register(
+            "server_dropped_fields",
+            "The API server dropped fields of the last slice write (a feature gate off)",
+            o.dropped.clone(),
         );
         Observed { registry, ..o }
     }
@@ -186,6 +200,17 @@ impl Observed {
     /// A device was prepared whose link failed after it was allocated.
     pub fn prepared_failed_link(&self) {
         self.failed_link.inc();
+    }
+
+    /// The server dropped fields of the last slice write, those of the
+    /// feature gate `gate` (`Some`), or kept everything (`None`).
+    pub fn dropped_fields(&self, gate: Option<&'static str>) {
+        let taints = GateLabel {
+            gate: super::taints::GATE,
+        };
+        self.dropped
+            .get_or_create(&taints)
+            .set(i64::from(gate == Some(super::taints::GATE)));
     }
 
     /// One claim's Unprepare ended.

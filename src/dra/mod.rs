@@ -27,6 +27,7 @@ pub mod claim_spec;
 pub mod claims;
 pub mod cli;
 pub mod devices;
+pub mod health;
 pub mod metrics;
 pub mod preparer;
 pub mod publish;
@@ -35,6 +36,7 @@ pub mod registration;
 pub mod server;
 pub mod service;
 pub mod slices;
+pub mod taints;
 
 /// The driver's default name: the DRA driver name, the registration name
 /// and the domain of its device attributes.

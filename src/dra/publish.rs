@@ -13,6 +13,7 @@
 
 use super::devices::Pool;
 use super::slices::{self, Owner};
+use super::taints::{self, TaintRule};
 use crate::cluster::ClusterError;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
@@ -25,6 +26,8 @@ use tracing::{info, warn};
 pub struct Outcome {
     /// Slices created (the new generation).
     pub created: usize,
+    /// Slices changed in place (taints only, same generation).
+    pub updated: usize,
     /// Old or foreign slices deleted.
     pub deleted: usize,
     /// The pool generation on the server now.
@@ -53,24 +56,37 @@ pub struct Reconciler {
     slices: Api<ResourceSlice>,
     nodes: Api<Node>,
     node: String,
-    driver: String,
+    rule: TaintRule,
     last: Option<LastWrite>,
+    /// What the server dropped of the last write, said once until it keeps
+    /// everything again.
+    dropped: Option<String>,
+    /// Whether what it dropped was the devices' taints.
+    taints_dropped: bool,
     /// The highest generation this process wrote: after kubelet's wipe the
     /// next generation still counts up, so no reader takes it for an old one.
     written: i64,
 }
 
 impl Reconciler {
-    /// A reconciler for `node`'s pool of `driver`.
-    pub fn new(client: Client, node: &str, driver: &str) -> Reconciler {
+    /// A reconciler for `node`'s pool of `rule.driver`, tainted by `rule`.
+    pub fn new(client: Client, node: &str, rule: TaintRule) -> Reconciler {
         Reconciler {
             slices: Api::all(client.clone()),
             nodes: Api::all(client),
             node: node.to_string(),
-            driver: driver.to_string(),
+            rule,
             last: None,
+            dropped: None,
+            taints_dropped: false,
             written: 0,
         }
+    }
+
+    /// The feature gate whose fields the API server dropped from the last
+    /// write (only `DRADeviceTaints` is told apart), for the metric.
+    pub fn dropped_gate(&self) -> Option<&'static str> {
+        self.taints_dropped.then_some(taints::GATE)
     }
 
     /// Makes the server's slices the pool; writes nothing when they are.
@@ -85,14 +101,17 @@ impl Reconciler {
             name: self.node.clone(),
             uid: node.metadata.uid.unwrap_or_default(),
         };
-        let selector = format!("spec.nodeName={},spec.driver={}", self.node, self.driver);
+        let selector = format!(
+            "spec.nodeName={},spec.driver={}",
+            self.node, self.rule.driver
+        );
         let existing = self
             .slices
             .list(&ListParams::default().fields(&selector))
             .await
             .map_err(|e| ClusterError::api(format!("listing ResourceSlices ({selector})"), e))?
             .items;
-        let wanted = slices::devices(pool);
+        let wanted = slices::devices(pool, &self.rule);
         // Only slices this Node owns, at a generation the next write can
         // exceed, are the pool as we left it. Anything else under our
         // driver and node (another account's slice, a generation of
@@ -121,30 +140,53 @@ impl Reconciler {
             .filter(|g| (0..i64::MAX).contains(g))
             .max();
         // A foreign slice above ours would be the pool to the scheduler.
-        let in_place = latest.is_some()
-            && highest == latest
-            && slices::published_devices(&current).is_some_and(|on_server| {
-                on_server == wanted
-                    || self
-                        .last
-                        .as_ref()
-                        .is_some_and(|l| l.sent == digest(&wanted) && l.kept == digest(&on_server))
+        let on_server = if latest.is_some() && highest == latest {
+            slices::published_devices(&current)
+        } else {
+            None
+        };
+        let in_place = on_server.as_ref().is_some_and(|on_server| {
+            *on_server == taints::stamped(&wanted, on_server)
+                || self
+                    .last
+                    .as_ref()
+                    .is_some_and(|l| l.sent == digest(&wanted) && l.kept == digest(on_server))
+        });
+        // The same devices, only some changed (a link failing: its taint
+        // and linkState): the slices that hold a changed device are updated
+        // in place, at the same generation (the KEP allows it), so a link
+        // failing rewrites one slice, not the pool.
+        let same_devices = !in_place
+            && on_server.as_ref().is_some_and(|on_server| {
+                on_server
+                    .iter()
+                    .map(|d| &d.name)
+                    .eq(wanted.iter().map(|d| &d.name))
             });
-        let (keep, created, generation) = if in_place {
-            (current, 0, latest.unwrap_or_default())
+        let (keep, created, updated, generation) = if in_place {
+            (current, 0, 0, latest.unwrap_or_default())
+        } else if let (true, Some(generation)) = (same_devices, latest) {
+            match self
+                .update_in_place(pool, &owner, generation, &current, &wanted)
+                .await?
+            {
+                Some((kept, updated)) => (kept, 0, updated, generation),
+                None => {
+                    let generation = self.next_generation(highest);
+                    let made = self.create(pool, &owner, generation, &wanted).await?;
+                    let n = made.len();
+                    (made, n, 0, generation)
+                }
+            }
         } else {
             // Above every generation of the pool that can be exceeded, a
             // foreign one included, so the scheduler takes ours even while a
             // foreign slice resists deletion; starting over at 1 is the
             // answer should nothing be below i64::MAX.
-            let generation = highest
-                .unwrap_or(0)
-                .max(self.written)
-                .checked_add(1)
-                .unwrap_or(1);
+            let generation = self.next_generation(highest);
             let made = self.create(pool, &owner, generation, &wanted).await?;
             let n = made.len();
-            (made, n, generation)
+            (made, n, 0, generation)
         };
         let mut deleted = 0;
         for old in &existing {
@@ -157,9 +199,106 @@ impl Reconciler {
         }
         Ok(Outcome {
             created,
+            updated,
             deleted,
             generation,
         })
+    }
+
+    /// The generation after `highest` (the pool's highest that can be
+    /// exceeded) and every one this process wrote.
+    fn next_generation(&self, highest: Option<i64>) -> i64 {
+        highest
+            .unwrap_or(0)
+            .max(self.written)
+            .checked_add(1)
+            .unwrap_or(1)
+    }
+
+    /// Updates in place each slice of `current` whose devices changed;
+    /// `None` when the slices are not cut as the pool would be now (then a
+    /// new generation is written instead). Returns the slices as kept and
+    /// how many were written.
+    async fn update_in_place(
+        &mut self,
+        pool: &Pool,
+        owner: &Owner,
+        generation: i64,
+        current: &[ResourceSlice],
+        wanted: &[Device],
+    ) -> Result<Option<(Vec<ResourceSlice>, usize)>, ClusterError> {
+        let names = |devices: Option<&Vec<Device>>| -> Vec<String> {
+            devices
+                .into_iter()
+                .flatten()
+                .map(|d| d.name.clone())
+                .collect()
+        };
+        let desired = slices::desired(pool, &self.rule, owner, generation);
+        let mut pairs = Vec::new();
+        for d in &desired {
+            let want = names(d.spec.devices.as_ref());
+            match current
+                .iter()
+                .find(|c| names(c.spec.devices.as_ref()) == want)
+            {
+                Some(c) => pairs.push((d, c)),
+                None => return Ok(None),
+            }
+        }
+        if pairs.len() != current.len() {
+            return Ok(None);
+        }
+        let mut kept = Vec::new();
+        let mut updated = 0;
+        for (d, c) in pairs {
+            let on = c.spec.devices.clone().unwrap_or_default();
+            let want = taints::stamped(d.spec.devices.as_deref().unwrap_or_default(), &on);
+            if want == on {
+                kept.push(c.clone());
+                continue;
+            }
+            let name = c.metadata.name.clone().unwrap_or_default();
+            let mut next = c.clone();
+            next.spec.devices = Some(want);
+            let written = self
+                .slices
+                .replace(&name, &PostParams::default(), &next)
+                .await
+                .map_err(|e| {
+                    ClusterError::api(format!("updating ResourceSlice {name} in place"), e)
+                })?;
+            updated += 1;
+            kept.push(written);
+        }
+        self.noticed(wanted, &slices::devices_of(&kept));
+        info!(
+            pool = self.node,
+            generation,
+            slices = updated,
+            "ResourceSlices updated in place"
+        );
+        Ok(Some((kept, updated)))
+    }
+
+    /// Remembers what was sent and what the server kept of it, and says
+    /// once what it dropped.
+    fn noticed(&mut self, wanted: &[Device], kept: &[Device]) {
+        let dropped = dropped(wanted, kept);
+        self.taints_dropped = dropped.as_ref().is_some_and(|d| d.contains(taints::GATE));
+        if let Some(what) = &dropped {
+            if self.dropped.as_ref() != Some(what) {
+                warn!(
+                    "the API server did not keep every field of the devices it was sent: {what}; \
+                     publishing on with what it keeps"
+                );
+            }
+        }
+        self.dropped = dropped;
+        self.last = Some(LastWrite {
+            sent: digest(wanted),
+            kept: digest(kept),
+        });
     }
 
     /// Creates one generation of the pool; returns the slices as created.
@@ -171,7 +310,7 @@ impl Reconciler {
         wanted: &[Device],
     ) -> Result<Vec<ResourceSlice>, ClusterError> {
         let mut made = Vec::new();
-        for slice in slices::desired(pool, &self.driver, owner, generation) {
+        for slice in slices::desired(pool, &self.rule, owner, generation) {
             let created = self
                 .slices
                 .create(&PostParams::default(), &slice)
@@ -188,21 +327,8 @@ impl Reconciler {
             made.push(created);
         }
         let kept = slices::devices_of(&made);
-        if kept != wanted {
-            let already = self.last.as_ref().is_some_and(|l| l.kept != l.sent);
-            if !already {
-                warn!(
-                    "the API server did not keep every field of the devices it was sent \
-                     (a DRA feature gate off?): {}; publishing on with what it keeps",
-                    first_difference(wanted, &kept)
-                );
-            }
-        }
+        self.noticed(wanted, &kept);
         self.written = generation;
-        self.last = Some(LastWrite {
-            sent: digest(wanted),
-            kept: digest(&kept),
-        });
         info!(
             pool = self.node,
             generation,
@@ -242,6 +368,32 @@ fn owned_by(slice: &ResourceSlice, owner: &Owner) -> bool {
         .owner_references
         .as_ref()
         .is_some_and(|refs| refs.iter().any(|r| r.kind == "Node" && r.uid == owner.uid))
+}
+
+/// What the server dropped of `sent` (its own stamps aside), naming the
+/// feature gate where the field is a gated one; `None` when it kept all.
+fn dropped(sent: &[Device], kept: &[Device]) -> Option<String> {
+    let sent = taints::stamped(sent, kept);
+    if sent == kept {
+        return None;
+    }
+    let lost_taints = sent.iter().any(|s| {
+        s.taints.as_ref().is_some_and(|t| !t.is_empty())
+            && kept
+                .iter()
+                .find(|k| k.name == s.name)
+                .is_some_and(|k| k.taints.as_ref().is_none_or(Vec::is_empty))
+    });
+    if lost_taints && taints::untainted(&sent) == taints::untainted(kept) {
+        return Some(format!(
+            "device taints were dropped (feature gate {} off?): the linkState attribute still keeps Failed links out of this driver's DeviceClasses",
+            taints::GATE
+        ));
+    }
+    Some(format!(
+        "(a DRA feature gate off?) {}",
+        first_difference(&sent, kept)
+    ))
 }
 
 /// The first device whose kept form differs from the one sent, in words.

@@ -13,10 +13,12 @@ use tracing::{info, warn};
 /// The plugin type kubelet's DRA handler takes.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
-/// The DRA service versions served, the newest first: kubelet takes the
-/// first it knows. These are upstream's `DRAPluginService` names, not the
-/// gRPC service names (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`).
-pub const VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The services served, as kubelet matches them: the DRA service versions
+/// the newest first (kubelet takes the first it knows), then the health
+/// stream (kubelet opens it when listed; it ignores names it does not
+/// know). These are upstream's `DRAPluginService` names, not the gRPC
+/// service names (`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`).
+pub const VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", super::health::SERVICE];
 
 /// The folder under kubelet's root where its plugin watcher looks for
 /// registration sockets.

@@ -14,12 +14,14 @@
 //!    starts), the interval passed, or a failed reconcile's backoff ended.
 
 use super::devices::{self, Pool, Published};
+use super::health::{Health, HealthService};
 use super::metrics::Observed;
 use super::preparer::{Options, Preparer};
 use super::publish::Reconciler;
 use super::rails_file::RailsFile;
 use super::registration::{self, Registrar, Verdict};
 use super::service::{ServiceV1, ServiceV1beta1};
+use super::taints::{FailedEffect, TaintRule};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
 use crate::cluster::ClusterError;
@@ -65,6 +67,8 @@ pub struct Config {
     pub api_timeout: Duration,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; `None` serves none.
     pub metrics_addr: Option<SocketAddr>,
+    /// The effect of a Failed link's taint.
+    pub failed_link_taint: FailedEffect,
 }
 
 impl Config {
@@ -198,7 +202,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     ));
     let (verdict_tx, mut verdicts) = mpsc::unbounded_channel();
     let mut driver = Driver {
-        reconciler: Reconciler::new(api, &config.node_name, &config.driver),
+        reconciler: Reconciler::new(
+            api,
+            &config.node_name,
+            TaintRule {
+                driver: config.driver.clone(),
+                effect: config.failed_link_taint,
+            },
+        ),
         loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
         rails: config.rails_file.clone().map(RailsFile::new),
         published: Published::new(),
@@ -411,6 +422,14 @@ impl Driver {
             super::api::v1beta1::dra_plugin_server::DraPluginServer::new(ServiceV1beta1(
                 preparer.clone(),
             )),
+        )
+        .add_service(
+            super::api::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                HealthService {
+                    pool_name: self.config.node_name.clone(),
+                    health: Arc::new(Health::new(self.pool.subscribe())),
+                },
+            ),
         );
         servers.serve_fronted(&service, None, "DRA", routes)?;
         let registrar = Registrar {
@@ -441,9 +460,10 @@ impl Driver {
                 self.stale = false;
                 self.failed = false;
                 self.reconcile_retry.succeeded();
-                self.observed
-                    .reconciled(done.created + done.deleted, done.generation);
-                if done.created + done.deleted > 0 {
+                let writes = done.created + done.updated + done.deleted;
+                self.observed.reconciled(writes, done.generation);
+                self.observed.dropped_fields(self.reconciler.dropped_gate());
+                if writes > 0 {
                     // The generation's JSON, requests and answers are dropped.
                     crate::kubelet::release_freed_memory();
                 }

@@ -3,6 +3,7 @@
 //! changed" by comparing what it would write with what the server holds.
 
 use super::devices::{Attribute, Pool};
+use super::taints::{TaintRule, DEVICES_PER_SLICE};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
@@ -33,15 +34,23 @@ pub fn name_prefix(node: &str, driver: &str) -> String {
 }
 
 /// The slices of one generation of the pool: devices in name order, at most
-/// [`MAX_DEVICES_PER_SLICE`] a slice; an empty pool is one empty slice, so
-/// the scheduler sees the pool (and that it has nothing) rather than none.
-pub fn desired(pool: &Pool, driver: &str, owner: &Owner, generation: i64) -> Vec<ResourceSlice> {
-    let devices = devices(pool);
+/// [`DEVICES_PER_SLICE`] a slice (the limit for slices whose devices carry
+/// taints, so a taint appearing changes one slice in place rather than the
+/// cut of the pool); an empty pool is one empty slice, so the scheduler sees
+/// the pool (and that it has nothing) rather than none.
+pub fn desired(
+    pool: &Pool,
+    rule: &TaintRule,
+    owner: &Owner,
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let driver = rule.driver.as_str();
+    let devices = devices(pool, rule);
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
         devices
-            .chunks(MAX_DEVICES_PER_SLICE)
+            .chunks(DEVICES_PER_SLICE)
             .map(<[Device]>::to_vec)
             .collect()
     };
@@ -81,13 +90,14 @@ pub fn owner_reference(owner: &Owner) -> OwnerReference {
     }
 }
 
-/// The pool's devices as the API types them, in name order (the pool's).
-pub fn devices(pool: &Pool) -> Vec<Device> {
-    pool.devices.iter().map(device).collect()
+/// The pool's devices as the API types them, in name order (the pool's),
+/// tainted by `rule`.
+pub fn devices(pool: &Pool, rule: &TaintRule) -> Vec<Device> {
+    pool.devices.iter().map(|d| device(d, rule)).collect()
 }
 
 /// One pool device as the API types it.
-fn device(d: &super::devices::DraDevice) -> Device {
+fn device(d: &super::devices::DraDevice, rule: &TaintRule) -> Device {
     let attributes: BTreeMap<String, DeviceAttribute> = d
         .attributes
         .iter()
@@ -96,6 +106,7 @@ fn device(d: &super::devices::DraDevice) -> Device {
     Device {
         name: d.name.clone(),
         attributes: Some(attributes),
+        taints: rule.taints(d),
         ..Device::default()
     }
 }
@@ -161,7 +172,12 @@ mod tests {
                     family: Family::Whole,
                     cdi_id: format!("gpustack.ai/rdma=mlx5_{i}"),
                     rdma_device: format!("mlx5_{i}"),
-                    link: LinkState::Ok,
+                    link: if i == 0 {
+                        LinkState::Failed
+                    } else {
+                        LinkState::Ok
+                    },
+                    ports: (i == 0).then(|| "1=DOWN/Disabled".to_string()),
                     attributes: BTreeMap::from([(
                         "rdmaDevice".to_string(),
                         Attribute::String(format!("mlx5_{i}")),
@@ -169,6 +185,13 @@ mod tests {
                 })
                 .collect(),
             refused: Vec::new(),
+        }
+    }
+
+    fn rule(driver: &str) -> TaintRule {
+        TaintRule {
+            driver: driver.into(),
+            effect: Default::default(),
         }
     }
 
@@ -180,14 +203,20 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_of_129_devices_is_two_slices_of_one_generation() {
-        let slices = desired(&pool_of(129), "rdma.gpustack.ai", &owner(), 7);
-        assert_eq!(slices.len(), 2);
-        assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 128);
-        assert_eq!(slices[1].spec.devices.as_ref().unwrap().len(), 1);
+    fn a_pool_of_129_devices_is_three_slices_of_one_generation_each_fit_for_taints() {
+        let slices = desired(&pool_of(129), &rule("rdma.gpustack.ai"), &owner(), 7);
+        assert_eq!(slices.len(), 3);
+        assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 64);
+        assert_eq!(slices[2].spec.devices.as_ref().unwrap().len(), 1);
+        let first = &slices[0].spec.devices.as_ref().unwrap()[0];
+        let taint = &first.taints.as_ref().unwrap()[0];
+        assert_eq!(taint.key, "rdma.gpustack.ai/link-failed");
+        assert_eq!(taint.value.as_deref(), Some("1-DOWN-Disabled"));
+        assert_eq!(taint.effect, "NoSchedule");
+        assert!(slices[0].spec.devices.as_ref().unwrap()[1].taints.is_none());
         for s in &slices {
             assert_eq!(s.spec.pool.generation, 7);
-            assert_eq!(s.spec.pool.resource_slice_count, 2);
+            assert_eq!(s.spec.pool.resource_slice_count, 3);
             assert_eq!(s.spec.pool.name, "node-a");
             assert_eq!(s.spec.node_name.as_deref(), Some("node-a"));
             assert_eq!(
@@ -202,7 +231,7 @@ mod tests {
 
     #[test]
     fn an_empty_pool_is_one_empty_slice() {
-        let slices = desired(&pool_of(0), "d.example", &owner(), 1);
+        let slices = desired(&pool_of(0), &rule("d.example"), &owner(), 1);
         assert_eq!(slices.len(), 1);
         assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
         assert_eq!(published_devices(&slices), Some(Vec::new()));
@@ -210,10 +239,10 @@ mod tests {
 
     #[test]
     fn slices_of_two_generations_or_a_missing_one_are_not_a_pool() {
-        let mut slices = desired(&pool_of(200), "d.example", &owner(), 1);
+        let mut slices = desired(&pool_of(200), &rule("d.example"), &owner(), 1);
         slices.pop();
         assert_eq!(published_devices(&slices), None);
-        let mut two = desired(&pool_of(200), "d.example", &owner(), 1);
+        let mut two = desired(&pool_of(200), &rule("d.example"), &owner(), 1);
         two[1].spec.pool.generation = 2;
         assert_eq!(published_devices(&two), None);
         assert_eq!(published_devices(&[]), None);

@@ -112,7 +112,11 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
     assert_eq!(info.endpoint, s.place.service().display().to_string());
     assert_eq!(
         info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
 
     let cdi_ids = published_cdi_ids(&s.dirs.cdi());
@@ -476,9 +480,11 @@ async fn a_pool_over_128_devices_is_published_in_slices_the_server_validates() {
     });
     let all = slices(&cluster);
     let count = all.len() as i64;
-    assert_eq!(count, want.div_ceil(128) as i64);
+    // 64 a slice: the limit once any device carries a taint, so a link
+    // failing never re-cuts the pool.
+    assert_eq!(count, want.div_ceil(64) as i64);
     for s in &all {
-        assert!(s["spec"]["devices"].as_array().unwrap().len() <= 128);
+        assert!(s["spec"]["devices"].as_array().unwrap().len() <= 64);
         assert_eq!(s["spec"]["pool"]["resourceSliceCount"], count);
     }
     assert!(

@@ -31,6 +31,8 @@ const DRA_V1BETA1_PREPARE: &str =
     "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources";
 const DRA_V1BETA1_UNPREPARE: &str =
     "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources";
+/// kubelet's health stream: `pkg/apis/dra-health/v1alpha1/api_grpc.pb.go`.
+const DRA_HEALTH: &str = "/v1alpha1.DRAResourceHealth/NodeWatchResources";
 /// kubelet's plugin watcher: `pkg/apis/pluginregistration/v1/api.pb.go`.
 const GET_INFO: &str = "/pluginregistration.Registration/GetInfo";
 const NOTIFY: &str = "/pluginregistration.Registration/NotifyRegistrationStatus";
@@ -96,7 +98,11 @@ async fn kubelets_dra_paths_are_answered_on_the_driver_sockets_never_unimplement
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(
         info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     let verdict = nodefabric::kubelet::registration_api::RegistrationStatus {
         plugin_registered: true,
@@ -174,6 +180,20 @@ async fn kubelets_dra_paths_are_answered_on_the_driver_sockets_never_unimplement
             .unwrap(),
     );
     assert_eq!(status, "0");
+
+    // The health stream, which kubelet opens with no deadline.
+    let mut stream = dial(&s.place.service(), "localhost")
+        .await
+        .with_deadline(None);
+    let (status, first) = answered(
+        DRA_HEALTH,
+        stream.first_of_stream(DRA_HEALTH, &[]).await.unwrap(),
+    );
+    assert_eq!(status, "", "the health stream ended");
+    let health =
+        nodefabric::dra::api::health_v1alpha1::NodeWatchResourcesResponse::decode(first.as_slice())
+            .unwrap();
+    assert!(!health.devices.is_empty());
 
     // The fault this test is named after: the bare-package path the edited
     // proto once served is not served, so nothing can drift back to it.
@@ -302,6 +322,10 @@ fn the_generated_services_carry_upstreams_names() {
         (
             v1beta1::dra_plugin_server::SERVICE_NAME,
             DRA_V1BETA1_UNPREPARE,
+        ),
+        (
+            nodefabric::dra::api::health_v1alpha1::dra_resource_health_server::SERVICE_NAME,
+            DRA_HEALTH,
         ),
         (registration_server::SERVICE_NAME, GET_INFO),
         (registration_server::SERVICE_NAME, NOTIFY),

@@ -173,6 +173,10 @@ fn the_rows_that_name_our_constants_show_what_the_code_holds() {
         ),
         ("Attribute string length", devices::MAX_STRING.to_string()),
         (
+            "Devices per slice with taints",
+            nodefabric::dra::taints::DEVICES_PER_SLICE.to_string(),
+        ),
+        (
             "Driver name length",
             nodefabric::names::DRIVER_NAME_MAX.to_string(),
         ),

@@ -120,6 +120,8 @@ pub struct State {
     owners: BTreeMap<String, Ownership>,
     /// Device attributes created ResourceSlices lose (a feature gate off).
     dropped_device_fields: Vec<String>,
+    /// The `DRADeviceTaints` gate is off: devices' taints are dropped.
+    pub(crate) taints_gate_off: bool,
     /// The scripted exec answers and the execs served.
     pub exec: exec::Execs,
 }

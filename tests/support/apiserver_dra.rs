@@ -21,6 +21,11 @@ use serde_json::{json, Value};
 
 /// The most devices the server takes in one ResourceSlice.
 pub const MAX_DEVICES: usize = 128;
+/// The most devices in a slice any of whose devices carries taints
+/// (`ResourceSliceMaxDevicesWithAdvancedFeatures`, api resource/v1 types.go).
+pub const MAX_DEVICES_WITH_TAINTS: usize = 64;
+/// The most taints per device (`DeviceTaintsMaxLength`, 16 from 1.35).
+pub const MAX_TAINTS: usize = 16;
 /// The most attributes and capacities together one device may have.
 pub const MAX_ATTRIBUTES: usize = 32;
 /// The longest string attribute value.
@@ -220,8 +225,50 @@ fn validate(obj: &Value) -> Vec<String> {
             devices.len()
         ));
     }
+    let tainted = devices
+        .iter()
+        .any(|d| d["taints"].as_array().is_some_and(|t| !t.is_empty()));
+    if tainted && devices.len() > MAX_DEVICES_WITH_TAINTS {
+        causes.push(format!(
+            "spec.devices: Too many: {}: must have at most {MAX_DEVICES_WITH_TAINTS} items when any device has taints",
+            devices.len()
+        ));
+    }
     let mut names = std::collections::BTreeSet::new();
     for (i, d) in devices.iter().enumerate() {
+        let taints = d["taints"].as_array().cloned().unwrap_or_default();
+        if taints.len() > MAX_TAINTS {
+            causes.push(format!(
+                "spec.devices[{i}].taints: Too many: {}: must have at most {MAX_TAINTS} items",
+                taints.len()
+            ));
+        }
+        for (j, t) in taints.iter().enumerate() {
+            let key = t["key"].as_str().unwrap_or_default();
+            let qualified = key.split_once('/').is_some_and(|(domain, name)| {
+                !domain.is_empty()
+                    && domain.len() <= 253
+                    && is_label_value(name)
+                    && !name.is_empty()
+            }) || (is_label_value(key) && !key.is_empty());
+            if !qualified {
+                causes.push(format!(
+                    "spec.devices[{i}].taints[{j}].key: Invalid value: {key:?}: a qualified name must consist of alphanumeric characters, '-', '_' or '.'"
+                ));
+            }
+            let value = t["value"].as_str().unwrap_or_default();
+            if !is_label_value(value) {
+                causes.push(format!(
+                    "spec.devices[{i}].taints[{j}].value: Invalid value: {value:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', at most 63"
+                ));
+            }
+            let effect = t["effect"].as_str().unwrap_or_default();
+            if !["NoSchedule", "NoExecute", "None"].contains(&effect) {
+                causes.push(format!(
+                    "spec.devices[{i}].taints[{j}].effect: Unsupported value: {effect:?}: supported values: \"NoExecute\", \"NoSchedule\", \"None\""
+                ));
+            }
+        }
         let name = d["name"].as_str().unwrap_or_default();
         if !is_dns_label(name) {
             causes.push(format!(
@@ -265,6 +312,56 @@ fn validate(obj: &Value) -> Vec<String> {
         }
     }
     causes
+}
+
+/// A label value: empty, or at most 63 of `[A-Za-z0-9_.-]` starting and
+/// ending with a letter or digit.
+fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+}
+
+/// What the server does to devices' taints on a write: with the gate off
+/// it drops them; else it stamps `timeAdded` on each new one (a taint the
+/// stored object already had keeps its time).
+fn admit_taints(s: &State, obj: &mut Value, old: Option<&Value>, rv: u64) {
+    let before: Vec<Value> = old
+        .and_then(|o| o["spec"]["devices"].as_array().cloned())
+        .unwrap_or_default();
+    for d in obj["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        if s.taints_gate_off {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("taints");
+            }
+            continue;
+        }
+        let name = d["name"].clone();
+        let had: Vec<Value> = before
+            .iter()
+            .find(|b| b["name"] == name)
+            .and_then(|b| b["taints"].as_array().cloned())
+            .unwrap_or_default();
+        for t in d["taints"].as_array_mut().into_iter().flatten() {
+            if !t["timeAdded"].is_null() {
+                continue;
+            }
+            let same = had.iter().find(|h| {
+                h["key"] == t["key"] && h["value"] == t["value"] && h["effect"] == t["effect"]
+            });
+            t["timeAdded"] = match same {
+                Some(h) => h["timeAdded"].clone(),
+                None => json!(format!(
+                    "2026-03-01T12:{:02}:{:02}Z",
+                    (rv / 60) % 60,
+                    rv % 60
+                )),
+            };
+        }
+    }
 }
 
 /// A request body as a ResourceSlice object, or the server's 400.
@@ -329,6 +426,7 @@ fn create(s: &mut State, body: &[u8]) -> (u16, Value) {
             }
         }
     }
+    admit_taints(s, &mut obj, None, rv);
     s.objects.insert(key(SLICES, "", &name), obj.clone());
     s.event(rv, SLICES, "", "ADDED", obj.clone());
     (201, obj)
@@ -357,6 +455,7 @@ fn update(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
     let rv = s.bump();
     obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
     obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+    admit_taints(s, &mut obj, Some(&old), rv);
     s.objects.insert(key(SLICES, "", name), obj.clone());
     s.event(rv, SLICES, "", "MODIFIED", obj.clone());
     (200, obj)
@@ -431,6 +530,12 @@ impl State {
     /// Deletes a ResourceClaim.
     pub fn delete_claim(&mut self, ns: &str, name: &str) {
         self.objects.remove(&key(CLAIMS, ns, name));
+    }
+
+    /// From now on, written slices lose their devices' taints, as a server
+    /// with the `DRADeviceTaints` gate off (1.34, 1.35 by default) drops them.
+    pub fn disable_device_taints(&mut self) {
+        self.taints_gate_off = true;
     }
 
     /// From now on, created slices lose this device attribute, as a server
