@@ -10,6 +10,7 @@ mod support;
 mod containerd;
 mod dra;
 mod dra_faults;
+mod dra_lifecycle;
 mod plugin;
 mod podman;
 mod registration;
