@@ -29,6 +29,11 @@ pub struct Prepared {
     pub namespace: String,
     /// The claim's name.
     pub name: String,
+    /// The driver whose allocation results these are: the stale-claim
+    /// sweep checks the claim is still allocated by it (empty in a v1
+    /// checkpoint until upgraded).
+    #[serde(default)]
+    pub driver: String,
     /// The devices, in the order of the allocation results.
     pub devices: Vec<PreparedDevice>,
     /// Their RDMA devices, each once.
@@ -167,6 +172,7 @@ pub fn prepare(
     let mut out = Prepared {
         namespace: namespace.clone(),
         name: name.clone(),
+        driver: driver.to_string(),
         ..Prepared::default()
     };
     for (index, r) in results.iter().enumerate() {

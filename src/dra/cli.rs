@@ -116,6 +116,40 @@ pub struct DraCli {
     )]
     pub failed_link_taint: FailedEffect,
 
+    /// How often each prepared claim is looked up in the API, and at start;
+    /// one deleted, replaced or no longer allocated to this node is
+    /// unprepared (1s to 24h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_SWEEP_INTERVAL",
+        default_value = "5m",
+        value_name = "DURATION",
+        value_parser = parse_interval
+    )]
+    pub sweep_interval: Duration,
+
+    /// How long to wait for another nodefabric-dra holding `--state-dir`
+    /// (a rolling update's old pod) before exiting with its name (0s to 1h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_LOCK_WAIT",
+        default_value = "60s",
+        value_name = "DURATION",
+        value_parser = parse_lock_wait
+    )]
+    pub lock_wait: Duration,
+
+    /// How often the driver calls its own registration and DRA sockets;
+    /// `/healthz` fails while one does not answer (1s to 1h).
+    #[arg(
+        long,
+        env = "NODEFABRIC_SOCKET_CHECK_INTERVAL",
+        default_value = "10s",
+        value_name = "DURATION",
+        value_parser = parse_socket_check
+    )]
+    pub socket_check_interval: Duration,
+
     /// The flags both kubelet plugins share.
     #[command(flatten)]
     pub common: PluginArgs,
@@ -123,6 +157,14 @@ pub struct DraCli {
 
 fn parse_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+fn parse_lock_wait(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, Duration::ZERO, Duration::from_secs(3600))
+}
+
+fn parse_socket_check(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 
 fn parse_api_timeout(s: &str) -> Result<Duration, DurationError> {
@@ -145,6 +187,9 @@ impl DraCli {
             api_timeout: self.api_timeout,
             metrics_addr: self.common.metrics_addr,
             failed_link_taint: self.failed_link_taint,
+            sweep_interval: self.sweep_interval,
+            lock_wait: self.lock_wait,
+            socket_check_interval: self.socket_check_interval,
         }
     }
 }

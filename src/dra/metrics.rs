@@ -16,6 +16,8 @@
 //! | `prepare_duration_seconds` | histogram | one claim's Prepare |
 //! | `prepared_failed_link_total` | counter | devices prepared whose link had failed since allocation |
 //! | `server_dropped_fields` | gauge (0/1), `gate` | the API server dropped fields of the last slice write (the gate named is off) |
+//! | `swept_claims_total` | counter | stale claims unprepared by the sweep (their pods gone without an Unprepare) |
+//! | `socket_check_failures_total` | counter | self-checks in which the registration or DRA socket did not answer |
 
 use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -57,6 +59,8 @@ struct Readiness {
     specs: Vec<String>,
     /// A folder deleted on the host under the driver's mount, with why.
     stale: Option<String>,
+    /// The driver's own socket that did not answer its last self-check.
+    silent_socket: Option<String>,
 }
 
 /// Every metric and the readiness facts, shared by the loop, the services
@@ -74,6 +78,8 @@ pub struct Observed {
     prepare_seconds: Histogram,
     failed_link: Counter,
     dropped: Family<GateLabel, Gauge>,
+    swept: Counter,
+    socket_check_failures: Counter,
     readiness: Mutex<Readiness>,
 }
 
@@ -100,6 +106,8 @@ impl Observed {
             prepare_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 15)),
             failed_link: Counter::default(),
             dropped: Family::default(),
+            swept: Counter::default(),
+            socket_check_failures: Counter::default(),
             readiness: Mutex::new(Readiness::default()),
             registry: Registry::default(),
         };
@@ -145,6 +153,16 @@ impl Observed {
             "server_dropped_fields",
             "The API server dropped fields of the last slice write (a feature gate off)",
             o.dropped.clone(),
+        );
+        registry.register(
+            "swept_claims",
+            "Stale claims unprepared by the sweep",
+            o.swept.clone(),
+        );
+        registry.register(
+            "socket_check_failures",
+            "Self-checks in which the registration or DRA socket did not answer",
+            o.socket_check_failures.clone(),
         );
         Observed { registry, ..o }
     }
@@ -213,6 +231,20 @@ impl Observed {
             .set(i64::from(gate == Some(super::taints::GATE)));
     }
 
+    /// The sweep unprepared a stale claim.
+    pub fn swept(&self) {
+        self.swept.inc();
+    }
+
+    /// The last self-check's verdict on the driver's own sockets: `Some`
+    /// names the one that did not answer, and fails liveness.
+    pub fn sockets_answer(&self, silent: Option<String>) {
+        if silent.is_some() {
+            self.socket_check_failures.inc();
+        }
+        self.readiness.lock().unwrap().silent_socket = silent;
+    }
+
     /// One claim's Unprepare ended.
     pub fn unprepared(&self, ok: bool) {
         self.unprepare.get_or_create(&outcome(ok)).inc();
@@ -221,9 +253,11 @@ impl Observed {
 
 impl Probes for Observed {
     fn healthy(&self) -> Result<(), String> {
-        match &self.readiness.lock().unwrap().stale {
-            Some(why) => Err(why.clone()),
-            None => Ok(()),
+        let r = self.readiness.lock().unwrap();
+        match (&r.stale, &r.silent_socket) {
+            (None, None) => Ok(()),
+            (Some(why), None) | (None, Some(why)) => Err(why.clone()),
+            (Some(stale), Some(silent)) => Err(format!("{stale}\n{silent}")),
         }
     }
 

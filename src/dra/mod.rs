@@ -11,6 +11,8 @@
 //! - [`claims`]: what Prepare answers for one claim (pure).
 //! - [`claim_spec`]: the one small CDI spec a claim gets (`NCCL_IB_HCA`).
 //! - [`checkpoint`]: the prepared claims, kept across restarts.
+//! - [`lock`]: one driver per state folder, across processes.
+//! - [`selfcheck`]: dials the driver's own sockets for `/healthz`.
 //! - [`publish`]: the API side of the slices: no write when nothing changed.
 //! - [`service`]: Prepare and Unprepare, in `v1` and `v1beta1`.
 //! - [`registration`]: what kubelet's plugin watcher asks.
@@ -28,11 +30,13 @@ pub mod claims;
 pub mod cli;
 pub mod devices;
 pub mod health;
+pub mod lock;
 pub mod metrics;
 pub mod preparer;
 pub mod publish;
 pub mod rails_file;
 pub mod registration;
+pub mod selfcheck;
 pub mod server;
 pub mod service;
 pub mod slices;

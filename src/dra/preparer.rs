@@ -9,8 +9,13 @@
 //! stuck behind a Prepare that waits on the API, and the checkpoint is
 //! written once per call. Idempotent: a prepared claim is answered from
 //! the checkpoint; an unknown claim unprepares as done.
+//!
+//! A claim whose pod went away without an Unprepare (force-deleted while
+//! the node was down) is swept: [`Preparer::sweep`] reads each checkpointed
+//! claim and unprepares those the API no longer allocates here, under the
+//! same rule: read without the lock, then lock, re-check and write once.
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, LoadError};
 use super::claim_spec;
 use super::claims::{self, ClaimError, Prepared, PreparedDevice};
 use super::devices::Pool;
@@ -172,13 +177,15 @@ pub struct Preparer {
 impl Preparer {
     /// A preparer starting from the checkpoint in the state folder; the
     /// per-claim specs of checkpointed claims are written again if gone.
+    /// A checkpoint of an unknown format is an error: starting without its
+    /// claims would forget what running pods hold.
     pub fn open(
         options: Options,
         client: Client,
         pool: watch::Receiver<Arc<Pool>>,
         observed: Arc<Observed>,
-    ) -> Preparer {
-        let checkpoint = Checkpoint::load(&options.state_dir);
+    ) -> Result<Preparer, LoadError> {
+        let checkpoint = Checkpoint::load(&options.state_dir, &options.driver)?;
         observed.prepared_claims(checkpoint.claims.len());
         let preparer = Preparer {
             options,
@@ -188,7 +195,7 @@ impl Preparer {
             observed,
         };
         preparer.restore_specs_of(&preparer.checkpoint.try_lock().expect("not shared yet"));
-        preparer
+        Ok(preparer)
     }
 
     /// Puts back the CDI spec of every prepared claim that is missing or
@@ -462,6 +469,123 @@ impl Preparer {
         }
     }
 
+    /// Unprepares each checkpointed claim the API no longer allocates here:
+    /// deleted, replaced by one of another UID, or allocated elsewhere (or
+    /// not at all) since. A claim whose read fails is left alone: a failed
+    /// read proves nothing. The claims are read without the lock; under
+    /// it, only those still checkpointed as read are dropped, their specs
+    /// removed, and the checkpoint written once. How many were swept.
+    pub async fn sweep(&self) -> usize {
+        let held: Vec<(String, Prepared)> = {
+            let checkpoint = self.checkpoint.lock().await;
+            checkpoint
+                .claims
+                .iter()
+                .map(|(uid, p)| (uid.clone(), p.clone()))
+                .collect()
+        };
+        let read: Vec<(ClaimRef, Prepared, Option<String>)> = futures::stream::iter(held)
+            .map(|(uid, prepared)| async move {
+                let claim = ClaimRef {
+                    namespace: prepared.namespace.clone(),
+                    name: prepared.name.clone(),
+                    uid,
+                };
+                let until = Instant::now() + self.options.api_timeout;
+                let stale = match self.read_claim(&claim, until).await {
+                    Ok(found) => self.stale(&found, &claim, &prepared),
+                    Err(PrepareError::NotFound { .. }) => Some("deleted".to_string()),
+                    Err(e) => {
+                        warn!("sweep: {e}; left prepared until a read succeeds");
+                        None
+                    }
+                };
+                (claim, prepared, stale)
+            })
+            .buffer_unordered(READ_CONCURRENCY)
+            .collect()
+            .await;
+        let stale: Vec<_> = read
+            .into_iter()
+            .filter_map(|(claim, prepared, why)| why.map(|why| (claim, prepared, why)))
+            .collect();
+        if stale.is_empty() {
+            return 0;
+        }
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut removed = Vec::new();
+        for (claim, prepared, why) in stale {
+            // Unprepared, or prepared anew, since it was read: not this one.
+            if checkpoint.claims.get(&claim.uid) != Some(&prepared) {
+                continue;
+            }
+            if let Err(e) = claim_spec::remove(&self.options.cdi_dir, &claim.uid) {
+                let e = self.spec_error(&claim, "removing", e.to_string());
+                warn!("sweeping stale {claim} ({why}): {e}; kept until the next sweep");
+                continue;
+            }
+            checkpoint.claims.remove(&claim.uid);
+            removed.push((claim, prepared, why));
+        }
+        if removed.is_empty() {
+            return 0;
+        }
+        if let Err(e) = checkpoint.save(&self.options.state_dir) {
+            // Kept as prepared: the next look writes their specs back, the
+            // next sweep tries again.
+            for (claim, prepared, why) in removed {
+                warn!("sweeping stale {claim} ({why}): {e}; kept until the next sweep");
+                checkpoint.claims.insert(claim.uid, prepared);
+            }
+            return 0;
+        }
+        for (claim, _, why) in &removed {
+            info!("swept stale {claim}: {why}; unprepared without kubelet, whose pod is gone");
+            self.observed.swept();
+        }
+        self.observed.prepared_claims(checkpoint.claims.len());
+        removed.len()
+    }
+
+    /// Why a checkpointed claim, as the API has it now, is no longer
+    /// prepared here; `None` while it is still allocated to this node's
+    /// pool by the driver that prepared it.
+    fn stale(
+        &self,
+        found: &ResourceClaim,
+        claim: &ClaimRef,
+        prepared: &Prepared,
+    ) -> Option<String> {
+        let uid = found.metadata.uid.as_deref().unwrap_or_default();
+        if uid != claim.uid {
+            return Some(format!(
+                "replaced: the claim of that name now has UID {uid}"
+            ));
+        }
+        let driver = if prepared.driver.is_empty() {
+            &self.options.driver
+        } else {
+            &prepared.driver
+        };
+        let ours = found
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .is_some_and(|results| {
+                results
+                    .iter()
+                    .any(|r| &r.driver == driver && r.pool == self.options.node_name)
+            });
+        (!ours).then(|| {
+            format!(
+                "no longer allocated to pool {} by driver {driver}",
+                self.options.node_name
+            )
+        })
+    }
+
     /// Unprepares each claim: removes its CDI spec and forgets it, with one
     /// checkpoint write for the call. A claim not prepared here is done
     /// already.
@@ -600,6 +724,7 @@ mod tests {
             Prepared {
                 namespace: "team".into(),
                 name: "a".into(),
+                driver: "rdma.gpustack.ai".into(),
                 devices: vec![device("pci-0000-3b-00-0")],
                 rdma_devices: vec![],
             },

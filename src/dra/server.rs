@@ -12,14 +12,21 @@
 //! 3. reconciles the ResourceSlices when the pool changed, kubelet
 //!    registered the driver (kubelet deletes a driver's slices when it
 //!    starts), the interval passed, or a failed reconcile's backoff ended.
+//!
+//! Before all that it takes the state folder's lock (one driver per node);
+//! beside the loop, two tasks sweep stale claims and dial the driver's own
+//! sockets for `/healthz`.
 
+use super::checkpoint::LoadError;
 use super::devices::{self, Pool, Published};
 use super::health::{Health, HealthService};
+use super::lock::{LockError, StateLock};
 use super::metrics::Observed;
 use super::preparer::{Options, Preparer};
 use super::publish::Reconciler;
 use super::rails_file::RailsFile;
 use super::registration::{self, Registrar, Verdict};
+use super::selfcheck;
 use super::service::{ServiceV1, ServiceV1beta1};
 use super::taints::{FailedEffect, TaintRule};
 use crate::cdi::Family;
@@ -69,6 +76,13 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// The effect of a Failed link's taint.
     pub failed_link_taint: FailedEffect,
+    /// How often (and at start) checkpointed claims are checked against the
+    /// API and stale ones unprepared.
+    pub sweep_interval: Duration,
+    /// How long to wait for another driver holding the state folder's lock.
+    pub lock_wait: Duration,
+    /// How often the driver dials its own sockets for `/healthz`.
+    pub socket_check_interval: Duration,
 }
 
 impl Config {
@@ -109,6 +123,12 @@ pub enum RunError {
         /// What mkdir said.
         cause: std::io::Error,
     },
+    /// Another driver holds the state folder, or its lock cannot be taken.
+    #[error("--state-dir: {0}")]
+    Lock(#[from] LockError),
+    /// The checkpoint is of a format this release does not read.
+    #[error(transparent)]
+    Checkpoint(#[from] LoadError),
     /// The look at the CDI specs panicked.
     #[error("reading the CDI specs in {path}: {cause}")]
     Look {
@@ -144,6 +164,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             cause,
         })?;
     }
+    // Before anything is read or served (the probe port included, which a
+    // rolling update's old pod still holds): one driver per state folder.
+    let _lock = StateLock::acquire(&config.state_dir, config.lock_wait).await?;
     let observed = Arc::new(Observed::new());
     let _probes = match config.metrics_addr {
         Some(addr) => Some(
@@ -199,7 +222,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         api.clone(),
         pool_rx,
         observed.clone(),
-    ));
+    )?);
+    let background = [
+        tokio::spawn(sweep_every(preparer.clone(), config.sweep_interval)),
+        tokio::spawn(selfcheck::watch(
+            registration.clone(),
+            service.clone(),
+            config.socket_check_interval,
+            observed.clone(),
+        )),
+    ];
     let (verdict_tx, mut verdicts) = mpsc::unbounded_channel();
     let mut driver = Driver {
         reconciler: Reconciler::new(
@@ -250,8 +282,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     }
     info!("shutting down");
+    for task in &background {
+        task.abort();
+    }
     drop(driver.servers.take());
     Ok(())
+}
+
+/// Sweeps stale claims at start and every `every` after: a pod
+/// force-deleted while the node was down is never unprepared by kubelet.
+async fn sweep_every(preparer: Arc<Preparer>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        preparer.sweep().await;
+    }
 }
 
 /// What the loop keeps between wakes.

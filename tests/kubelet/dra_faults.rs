@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 const NODE: &str = "node-a";
 
 /// The devices of this driver's slices, as published.
-fn devices(s: &Setup) -> Vec<Value> {
+pub(crate) fn devices(s: &Setup) -> Vec<Value> {
     s.cluster
         .api
         .with(|st| st.resource_slices())
@@ -33,11 +33,11 @@ fn devices(s: &Setup) -> Vec<Value> {
         .collect()
 }
 
-fn name(d: &Value) -> String {
+pub(crate) fn name(d: &Value) -> String {
     d["name"].as_str().unwrap().to_string()
 }
 
-fn claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
+pub(crate) fn claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
     v1::Claim {
         namespace: ns.into(),
         name: name.into(),
@@ -46,7 +46,7 @@ fn claim(ns: &str, name: &str, uid: &str) -> v1::Claim {
 }
 
 /// Prepares `claims` as kubelet does; the answer by claim UID.
-async fn prepare(
+pub(crate) async fn prepare(
     driver: &Driver,
     claims: Vec<v1::Claim>,
 ) -> std::collections::HashMap<String, v1::NodePrepareResourceResponse> {
@@ -61,7 +61,7 @@ async fn prepare(
 }
 
 /// Unprepares `claims` as kubelet does; the errors by claim UID.
-async fn unprepare(driver: &Driver, claims: Vec<v1::Claim>) -> Vec<(String, String)> {
+pub(crate) async fn unprepare(driver: &Driver, claims: Vec<v1::Claim>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = driver
         .v1()
         .await
@@ -78,7 +78,7 @@ async fn unprepare(driver: &Driver, claims: Vec<v1::Claim>) -> Vec<(String, Stri
 }
 
 /// A started driver with its pool published.
-fn started(s: &Setup, extra: &[&str]) -> Driver {
+pub(crate) fn started(s: &Setup, extra: &[&str]) -> Driver {
     let mut flags = vec!["--interval", "1h"];
     flags.extend_from_slice(extra);
     let driver = Driver::start(&s.place, &flags);

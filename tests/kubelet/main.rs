@@ -11,6 +11,7 @@ mod containerd;
 mod dra;
 mod dra_faults;
 mod dra_health;
+mod dra_lifecycle;
 mod plugin;
 mod podman;
 mod registration;

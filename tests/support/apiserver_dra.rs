@@ -510,6 +510,19 @@ impl State {
         results: &[(&str, &str, &str, &str)],
     ) -> String {
         let uid = self.uid();
+        self.put_claim_as(ns, name, &uid, results);
+        uid
+    }
+
+    /// [`State::put_claim`] with a UID of the test's choosing (one a
+    /// checked-in checkpoint names).
+    pub fn put_claim_as(
+        &mut self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        results: &[(&str, &str, &str, &str)],
+    ) {
         let rv = self.bump();
         let results: Vec<Value> = results
             .iter()
@@ -524,7 +537,16 @@ impl State {
             "status": {"allocation": {"devices": {"results": results}}},
         });
         self.objects.insert(key(CLAIMS, ns, name), claim);
-        uid
+    }
+
+    /// Gives a stored ResourceClaim other allocation results, keeping its
+    /// UID (the claim now allocated elsewhere, or deallocated when empty).
+    pub fn reallocate_claim(&mut self, ns: &str, name: &str, results: &[(&str, &str, &str, &str)]) {
+        let uid = self.objects[&key(CLAIMS, ns, name)]["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.put_claim_as(ns, name, &uid, results);
     }
 
     /// Deletes a ResourceClaim.
