@@ -10,9 +10,22 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
+/// The formats `rails` prints, its default first.
+pub const FORMATS: [super::output::Format; 3] = [
+    super::output::Format::Table,
+    super::output::Format::Json,
+    super::output::Format::Yaml,
+];
+
 /// Options of `rails`.
 #[derive(Debug, Clone, Args)]
 pub struct RailsCommand {
+    /// table (default: GPU rows, rail columns, each cell the NICs and their
+    /// path class), json (the rail record, as `publish --rails-file` writes
+    /// it) or yaml.
+    #[command(flatten)]
+    pub output: super::output::OutputArg,
+
     /// Folder holding the last published record; read only by this command.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
