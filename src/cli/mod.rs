@@ -15,6 +15,7 @@ mod capture;
 pub mod cluster_args;
 pub mod forward;
 pub mod full;
+pub mod kubectl;
 pub mod output;
 mod publish;
 mod rails;

@@ -3,6 +3,7 @@
 //! table. Pure functions of the node record and the rail record, like every
 //! other output, so a capture replays to the same bytes.
 
+pub mod cluster;
 pub mod graph;
 pub mod rails;
 pub mod svg;

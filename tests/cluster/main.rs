@@ -10,6 +10,7 @@ mod support;
 
 mod configmap_restore;
 mod gpu_exec;
+mod kubectl;
 
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
