@@ -259,3 +259,62 @@ fn preflight_prints_a_note_shared_by_every_gpu_once() {
         "{out}"
     );
 }
+
+#[test]
+fn topo_reads_a_capture_archive_as_it_read_the_tree() {
+    let (tmp, root) = tree(fixtures::gpu8_switch_paired);
+    let archive = tmp.path().join("node.tar.gz");
+    let o = run(
+        env!("CARGO_BIN_EXE_nodefabric"),
+        &[
+            "--sysfs-root",
+            &root,
+            "capture",
+            "--out",
+            archive.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let live = lean(&["--sysfs-root", &root, "topo", "-o", "json"]);
+    let replayed = lean(&[
+        "--sysfs-root",
+        archive.to_str().unwrap(),
+        "topo",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(live, replayed);
+}
+
+/// The demo's shipped vendor answers (examples/demo/) answer the fixture
+/// whole: fabric labels published, no unreadable note, every GPU on a rail.
+#[test]
+fn the_demo_answers_leave_nothing_unreadable_on_the_fixture() {
+    let (_t, root) = tree(fixtures::gpu8_switch_paired);
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo");
+    let q = format!("{demo}/nvidia-smi-q.txt");
+    let pre = lean(&["--sysfs-root", &root, "--nvidia-smi-q", &q, "preflight"]);
+    assert!(!pre.contains("unreadable"), "{pre}");
+    assert!(pre.contains("fabric.domain=nvlink-"), "{pre}");
+    let rails = lean(&[
+        "--sysfs-root",
+        &root,
+        "rails",
+        "-o",
+        "json",
+        "--rails-config",
+        &format!("{demo}/rails.yaml"),
+        "--topo-file",
+        &format!("{demo}/nvidia-smi-topo-m.txt"),
+        "--gpu-query-file",
+        &format!("{demo}/nvidia-smi-query-gpu.csv"),
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&rails).unwrap();
+    let gpus = r["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8);
+    assert!(
+        gpus.iter()
+            .all(|g| g["source"] == "nvidia-smi" && g["rails"].as_object().unwrap().len() == 8),
+        "{rails}"
+    );
+}
