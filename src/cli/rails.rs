@@ -17,7 +17,13 @@ pub const FORMATS: [super::output::Format; 3] = [
     super::output::Format::Yaml,
 ];
 
-/// Options of `rails`.
+/// The GPU-to-NIC rail record: for every GPU and rail, the NICs tied at
+/// the closest PCIe path class.
+///
+/// Formats (-o): table (default: one row per GPU, one column per rail,
+/// each cell the NICs by RDMA device name and their class, `(down)` after
+/// a NIC whose link is down), json (the record itself: what
+/// `publish --rails-file` writes and the cluster record holds) and yaml.
 #[derive(Debug, Clone, Args)]
 pub struct RailsCommand {
     /// table (default: GPU rows, rail columns, each cell the NICs and their

@@ -21,11 +21,21 @@ pub const FORMATS: [Format; 5] = [
 /// The largest rail record `--rails-file` reads: far above any node's.
 const MAX_RAILS_FILE: u64 = 16 << 20;
 
-/// Options of `topo`.
+/// Each accelerator's PCIe path class to each RDMA NIC, from sysfs, for
+/// every vendor (`nvidia-smi topo -m`'s question), then each NIC's NUMA
+/// node, link verdict and rails.
+///
+/// Cells: PIX (at most one PCIe switch between), PXB (several switches, no
+/// host bridge), NODE (across host bridges on one NUMA node; sysfs cannot
+/// tell PHB from it), SYS (across NUMA nodes), UNK (a coordinate is
+/// missing): the walk the rdma.distance label uses. A NIC's VFs are
+/// counted in its column (VFS). Formats (-o): table (default), json, yaml,
+/// dot (Graphviz: host bridges, bridges, then accelerators and NICs; NICs
+/// filled by rail, Failed links in red) and svg (that graph drawn here, no
+/// Graphviz needed; `nodefabric` hands it to nodefabric-full).
 #[derive(Debug, Clone, Args)]
 pub struct TopoArgs {
-    /// table (default), json, yaml, dot (Graphviz) or svg (drawn here, no
-    /// Graphviz needed; `nodefabric` hands it to nodefabric-full).
+    /// The output format.
     #[command(flatten)]
     pub output: OutputArg,
 
