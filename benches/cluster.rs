@@ -30,7 +30,7 @@ const NODES: usize = 5000;
 
 fn rails(root: &Path, lldp: &Path, kubeconfig: &Path, node: &str, publish: bool) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-    c.args(["rails", "--sysfs-root"])
+    c.args(["rails", "-o", "json", "--sysfs-root"])
         .arg(root)
         .arg("--lldp-json")
         .arg(lldp);

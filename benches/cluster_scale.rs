@@ -55,7 +55,7 @@ fn real_record(dir: &Path) -> RailRecord {
         .collect();
     std::fs::write(&lldp, json!({"lldp": {"interface": ports}}).to_string()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["rails", "--sysfs-root"])
+        .args(["rails", "-o", "json", "--sysfs-root"])
         .arg(&root)
         .arg("--lldp-json")
         .arg(&lldp)

@@ -38,4 +38,6 @@ pub mod publish;
 pub mod rails;
 pub mod record;
 pub mod sysfs;
+pub mod table;
 pub mod tool;
+pub mod views;

@@ -3,31 +3,11 @@
 
 use crate::nfd;
 use crate::pass::Pass;
+use crate::table::Table;
 
 /// Renders rows as left-aligned columns separated by two spaces.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
+    crate::table::layout(header, rows)
 }
 
 /// The whole report for one pass.
@@ -60,18 +40,19 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
     if rows.is_empty() {
         out.push_str("No RDMA endpoint found.\n");
     } else {
-        out.push_str(&table(
-            &[
-                "INTERFACE",
-                "PF",
-                "RDMA",
-                "PCI",
-                "NUMA",
-                "VERDICT",
-                "REASON",
-            ],
-            &rows,
-        ));
+        let mut t = Table::new(&[
+            "INTERFACE",
+            "PF",
+            "RDMA",
+            "PCI",
+            "NUMA",
+            "VERDICT",
+            "REASON",
+        ]);
+        rows.into_iter().for_each(|r| {
+            t.row(r);
+        });
+        out.push_str(&t.notes_in(6).render());
     }
     let unreadable = unreadable_lines(pass);
     if !unreadable.is_empty() {
@@ -100,12 +81,15 @@ pub fn report(pass: &Pass, namespace: &str) -> String {
         .collect();
     out.push_str(&format!("\nAccelerators: {}\n", accels.len()));
     if !accels.is_empty() {
-        out.push_str(&table(
-            &[
-                "MAKER", "PCI", "NUMA", "FABRIC", "DOMAIN", "CLIQUE", "MEMBERS", "NOTE",
-            ],
-            &accels,
-        ));
+        let mut t = Table::new(&[
+            "MAKER", "PCI", "NUMA", "FABRIC", "DOMAIN", "CLIQUE", "MEMBERS", "NOTE",
+        ]);
+        accels.into_iter().for_each(|r| {
+            t.row(r);
+        });
+        // Eight GPUs without a fabric answer share one long reason: said
+        // once below the table, naming them.
+        out.push_str(&t.named_by(1).notes_in(7).render());
     }
     out.push_str(&format!(
         "\nLabels that would be published ({namespace}):\n"

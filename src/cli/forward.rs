@@ -33,9 +33,12 @@ pub fn needed(cli: &Cli) -> Option<&'static str> {
                 "a cluster is configured or named: nvidia-smi may be run in the GPU Operator's pod",
             )
         }
+        Command::Topo(t) if t.output.output == Some(super::output::Format::Svg) => {
+            return Some("`topo -o svg` lays the graph out with a crate only nodefabric-full links")
+        }
         Command::Inventory(_) | Command::Features(_) | Command::Preflight(_) => true,
         Command::Publish(_) | Command::Capture(_) => true,
-        Command::Cdi(_) | Command::Rails(_) => false,
+        Command::Cdi(_) | Command::Rails(_) | Command::Topo(_) => false,
         Command::InstallHook(_) | Command::RemoveHook(_) => return None,
     };
     let nvidia_named = cli.nvidia_smi.is_some() || cli.nvidia_smi_q.is_some();

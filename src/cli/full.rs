@@ -41,6 +41,8 @@ pub trait Full: std::fmt::Debug + Sync {
     /// nvidia-smi's answers from the same-node GPU Operator pod, by exec
     /// (see [`crate::cluster::gpu_exec`]).
     fn gpu_answers(&self, broker: &BrokerArgs, settings: &gpu_exec::Settings) -> NvidiaAnswers;
+    /// `topo -o svg`: a DOT graph laid out and drawn as SVG, in-process.
+    fn svg(&self, dot: &str) -> Result<String>;
 }
 
 /// The real parts, as `nodefabric-full` links them.
@@ -82,5 +84,9 @@ impl Full for Linked {
 
     fn gpu_answers(&self, broker: &BrokerArgs, settings: &gpu_exec::Settings) -> NvidiaAnswers {
         gpu_exec::answers(&broker.broker().settings.client, settings)
+    }
+
+    fn svg(&self, dot: &str) -> Result<String> {
+        Ok(crate::views::svg::render(dot)?)
     }
 }

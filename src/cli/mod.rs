@@ -7,6 +7,7 @@ use crate::pass::{self, Pass};
 use crate::{cdi, fabric, hook, nfd, preflight};
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use output::Format;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,13 +15,17 @@ mod capture;
 pub mod cluster_args;
 pub mod forward;
 pub mod full;
+pub mod kubectl;
+pub mod output;
 mod publish;
 mod rails;
+mod topo;
 
 pub use capture::CaptureArgs;
 pub use cluster_args::{BrokerArgs, ObserveArgs, RecordForm};
 pub use publish::{publish_once, PublishArgs};
 pub use rails::{RailArgs, RailInputArgs, RailsCommand};
+pub use topo::TopoArgs;
 
 /// Discovers a node's RDMA and accelerator fabric from sysfs and publishes it
 /// for Kubernetes: NFD labels, CDI specs, a rail record.
@@ -159,6 +164,16 @@ pub enum Command {
         after_help = "Example:\n  nodefabric rails --interface-regex '^eth_r([0-9]+)_p[0-9]+$' --rail-id 'rail$1'\n  nodefabric rails --rails-config values.yaml --lldp-json saved-lldpctl.json --sysfs-paths\n  nodefabric rails --rail-source interface-name --interface-regex '^mlx5_([0-9]+)$' --rail-id 'rail$1'"
     )]
     Rails(RailsCommand),
+    /// Print how far each accelerator sits from each RDMA NIC on the PCIe
+    /// tree (`nvidia-smi topo -m`'s question, for every vendor, from sysfs):
+    /// one row per accelerator, one column per NIC (VFs counted in their
+    /// PF), each cell the path class the rdma.distance label uses (PIX, PXB,
+    /// PHB, NODE, SYS, UNK); then each NIC's NUMA node, link verdict and
+    /// rails. `-o dot` or `-o svg` draws the tree from the host bridges down.
+    #[command(
+        after_help = "Examples:\n  nodefabric topo\n  nodefabric --sysfs-root node.tar.gz topo      # a capture from a bug report\n  nodefabric topo --rails-file /var/lib/nodefabric/rails.json -o svg > topo.svg\n  nodefabric topo -o dot | dot -Tpng > topo.png"
+    )]
+    Topo(TopoArgs),
     /// Write the feature file and CDI specs atomically, once or every --interval.
     Publish(PublishArgs),
     /// Pack exactly the sysfs files and links one discovery pass reads (and
@@ -217,6 +232,10 @@ pub struct StateArgs {
     /// Folder holding the last published record; read only by this command.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+
+    /// The output format (see each command's formats below).
+    #[command(flatten)]
+    pub output: output::OutputArg,
 }
 
 /// `nodefabric-full`'s whole `main`: every command, with the Kubernetes
@@ -471,20 +490,38 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
     let ns = &cli.label_namespace;
     match &cli.command {
         Command::Inventory(s) => {
+            let format = s.output.pick("inventory", &[Format::Json, Format::Yaml])?;
             let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
-            emit(format!("{}\n", serde_json::to_string_pretty(&pass.record)?))?;
+            emit(structured(format, &pass.record)?)?;
         }
         Command::Features(s) => {
+            // "table" is the feature file's own `key=value` lines.
+            let format = s
+                .output
+                .pick("features", &[Format::Table, Format::Json, Format::Yaml])?;
             let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
-            emit(nfd::label_lines(&pass.labels, ns))?;
+            match format {
+                Format::Table => emit(nfd::label_lines(&pass.labels, ns))?,
+                _ => {
+                    let labels: std::collections::BTreeMap<String, &String> = pass
+                        .labels
+                        .values
+                        .iter()
+                        .map(|(k, v)| (format!("{ns}/{k}"), v))
+                        .collect();
+                    emit(structured(format, &labels)?)?
+                }
+            }
         }
         Command::Preflight(s) => {
+            s.output.pick("preflight", &[Format::Table])?;
             let pass = one_pass(cli, s.state_dir.as_deref(), true)?;
             emit(preflight::report(&pass, ns))?;
             let capable = pass.labels.values.contains_key("rdma.capable");
             return Ok(ExitCode::from(if capable { 0 } else { 1 }));
         }
         Command::Cdi(s) => {
+            let format = s.output.pick("cdi", &[Format::Json, Format::Yaml])?;
             let pass = one_pass(cli, s.state_dir.as_deref(), false)?;
             let mut specs = serde_json::Map::new();
             for family in cdi::Family::ALL {
@@ -492,9 +529,10 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
                     specs.insert(family.file_name().into(), serde_json::to_value(spec)?);
                 }
             }
-            emit(format!("{}\n", serde_json::to_string_pretty(&specs)?))?;
+            emit(structured(format, &specs)?)?;
         }
         Command::Rails(r) => {
+            let format = r.output.pick("rails", &rails::FORMATS)?;
             // Where the record goes is checked first: a misuse of the flags
             // is reported before anything asks the cluster.
             let config = r.rails.config(cli.tool_timeout)?;
@@ -508,8 +546,17 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
                 cli.full()?
                     .publish_record(&r.rails.cluster, &target, &record)?;
             }
-            emit(crate::rails::to_bytes(&record))?;
+            match format {
+                Format::Table => emit(crate::views::rails::table(
+                    &record,
+                    &crate::views::rails::nic_names(&pass.record),
+                ))?,
+                // Today's bytes, as `publish --rails-file` writes them.
+                Format::Json => emit(crate::rails::to_bytes(&record))?,
+                _ => emit(output::yaml(&record)?)?,
+            }
         }
+        Command::Topo(t) => topo::topo(cli, t)?,
         Command::Publish(p) => match p.interval {
             Some(every) => return cli.full()?.publish_every(cli, p, every),
             None => publish::publish_once(cli, p)?,
@@ -537,6 +584,14 @@ fn execute(cli: &Cli) -> Result<ExitCode> {
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `value` in a structured format (json or yaml; the caller picked one).
+fn structured<T: serde::Serialize>(format: Format, value: &T) -> Result<String> {
+    match format {
+        Format::Yaml => output::yaml(value),
+        _ => output::json(value),
+    }
 }
 
 /// Splits an output file given with `flag` into the folder the atomic write

@@ -10,9 +10,28 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
-/// Options of `rails`.
+/// The formats `rails` prints, its default first.
+pub const FORMATS: [super::output::Format; 3] = [
+    super::output::Format::Table,
+    super::output::Format::Json,
+    super::output::Format::Yaml,
+];
+
+/// The GPU-to-NIC rail record: for every GPU and rail, the NICs tied at
+/// the closest PCIe path class.
+///
+/// Formats (-o): table (default: one row per GPU, one column per rail,
+/// each cell the NICs by RDMA device name and their class, `(down)` after
+/// a NIC whose link is down), json (the record itself: what
+/// `publish --rails-file` writes and the cluster record holds) and yaml.
 #[derive(Debug, Clone, Args)]
 pub struct RailsCommand {
+    /// table (default: GPU rows, rail columns, each cell the NICs and their
+    /// path class), json (the rail record, as `publish --rails-file` writes
+    /// it) or yaml.
+    #[command(flatten)]
+    pub output: super::output::OutputArg,
+
     /// Folder holding the last published record; read only by this command.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,

@@ -20,6 +20,7 @@ pub mod gpu_exec;
 pub mod health;
 pub mod node_rail_record;
 pub mod observer;
+pub mod rails_view;
 
 pub use client::SERVICE_ACCOUNT_DIR;
 pub(crate) use error::code;

@@ -64,7 +64,7 @@ fn gpu_world_on(api: ApiServer) -> World {
 /// flags of the fixture and `extra`.
 fn rails(w: &World, extra: &[&str]) -> Command {
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-    c.args(["rails", "--sysfs-root"])
+    c.args(["rails", "-o", "json", "--sysfs-root"])
         .arg(&w.root)
         .arg("--lldp-json")
         .arg(w.dir.join("lldp.json"))
@@ -378,6 +378,8 @@ fn a_capture_with_the_exec_source_holds_the_answers_and_replays_without_the_api_
         .arg(&archive)
         .args([
             "rails",
+            "-o",
+            "json",
             "--interface-regex",
             "^eth_r([0-9]+)_p[0-9]+$",
             "--rail-id",

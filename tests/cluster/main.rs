@@ -10,6 +10,7 @@ mod support;
 
 mod configmap_restore;
 mod gpu_exec;
+mod kubectl;
 
 use apiserver::{Action, ApiServer, TOKEN};
 use serde_json::{json, Value};
@@ -114,7 +115,7 @@ impl World {
     /// `nodefabric rails` for node `node` with the given LLDP table, under the broker's account.
     fn rails(&self, node: &str, lldp: &str) -> Command {
         let mut c = self.nodefabric_as(&self.broker_kubeconfig);
-        c.args(["rails", "--sysfs-root"])
+        c.args(["rails", "-o", "json", "--sysfs-root"])
             .arg(&self.root)
             .arg("--lldp-json")
             .arg(self.dir.join(lldp));
@@ -313,7 +314,7 @@ fn node_uid_comes_from_the_node_through_kubeconfig_or_the_service_account() {
     let uid = w.api.add_node("node-a");
     let rails = |extra: &[&str], env: &[(&str, String)]| {
         let mut c = w.nodefabric();
-        c.args(["rails", "--sysfs-root"])
+        c.args(["rails", "-o", "json", "--sysfs-root"])
             .arg(&w.root)
             .arg("--lldp-json")
             .arg(w.dir.join("lldp.json"));
@@ -923,7 +924,7 @@ fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
     let yaml = "nodeMetadata:\n  plugins:\n    gpuNicRailMapping:\n      enabled: true\n      configMapName: nodefabric-rails\n      railSource:\n        name: host-lldp\n        hostLLDP:\n          interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'\n          railID: 'rail$1'\n      gpuSource:\n        gpuOperatorNamespace: gpu-operator\n        daemonSet: nvidia-device-plugin-daemonset\n";
     fs::write(&values, yaml).unwrap();
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-    c.args(["rails", "--sysfs-root"])
+    c.args(["rails", "-o", "json", "--sysfs-root"])
         .arg(&w.root)
         .arg("--lldp-json")
         .arg(w.dir.join("lldp.json"));
@@ -933,7 +934,7 @@ fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
     assert_eq!(w.data()["node-a"], compact(&printed));
     // Without --node-name there is no key to write: refused before anything is sent.
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-    c.args(["rails", "--sysfs-root"])
+    c.args(["rails", "-o", "json", "--sysfs-root"])
         .arg(&w.root)
         .arg("--lldp-json")
         .arg(w.dir.join("lldp.json"));

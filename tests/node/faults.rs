@@ -898,6 +898,8 @@ fn hung_nvidia_smi_and_lldpctl_fail_the_rail_pass_after_the_timeout_instead_of_h
         let mut c = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
         c.args([
             "rails",
+            "-o",
+            "json",
             "--sysfs-root",
             node.sys.to_str().unwrap(),
             "--interface-regex",

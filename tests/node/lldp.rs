@@ -142,7 +142,7 @@ impl Drop for Lab {
 
 fn rails(root: &Path, socket: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["rails", "--sysfs-paths", "--sysfs-root"])
+        .args(["rails", "-o", "json", "--sysfs-paths", "--sysfs-root"])
         .arg(root)
         .arg("--lldp-socket")
         .arg(socket)

@@ -25,3 +25,4 @@ mod protos;
 mod rails;
 mod sysfs_props;
 mod topo_props;
+mod views;

@@ -212,7 +212,7 @@ impl Node {
 
     fn rails(&self, extra: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-            .args(["rails", "--sysfs-root"])
+            .args(["rails", "-o", "json", "--sysfs-root"])
             .arg(&self.root)
             .args(extra)
             .env("NODEFABRIC_NOW", "2026-03-01T12:00:00Z")
@@ -742,7 +742,7 @@ impl Case {
         fs::write(&q, query).unwrap();
         more(&t, tmp.path());
         Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-            .args(["rails", "--sysfs-root"])
+            .args(["rails", "-o", "json", "--sysfs-root"])
             .arg(&root)
             .args([
                 "--rail-source",
@@ -986,7 +986,7 @@ fn interface_name_source_maps_an_infiniband_node_without_lldp() {
     let root = ib_node(dir.path());
     let run = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_nodefabric"))
-            .args(["rails", "--sysfs-root"])
+            .args(["rails", "-o", "json", "--sysfs-root"])
             .arg(&root)
             .args(["--sysfs-paths"])
             .args(extra)
@@ -1233,6 +1233,8 @@ fn a_capture_replays_the_rail_record_byte_for_byte_from_every_input() {
     );
     let rails = [
         "rails",
+        "-o",
+        "json",
         "--interface-regex",
         "^eth_r([0-9]+)_p[0-9]+$",
         "--rail-id",
@@ -1240,6 +1242,8 @@ fn a_capture_replays_the_rail_record_byte_for_byte_from_every_input() {
     ];
     let by_rdma = [
         "rails",
+        "-o",
+        "json",
         "--rail-source",
         "interface-name",
         "--interface-regex",
@@ -1386,7 +1390,11 @@ fn a_captured_refusal_replays_as_the_same_error() {
     let flags = flags(&lldp);
     let rails = args(&flags[2..]);
     let none = Path::new("/nonexistent");
-    let live = at(&n.root, none, &[&["rails"][..], &inputs, &rails].concat());
+    let live = at(
+        &n.root,
+        none,
+        &[&["rails", "-o", "json"][..], &inputs, &rails].concat(),
+    );
     let archive = n.dir.join("node.tar.gz");
     let o = at(
         &n.root,
@@ -1399,7 +1407,11 @@ fn a_captured_refusal_replays_as_the_same_error() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     fs::remove_file(&topo).unwrap();
-    let replayed = at(&archive, none, &[&["rails"][..], &rails].concat());
+    let replayed = at(
+        &archive,
+        none,
+        &[&["rails", "-o", "json"][..], &rails].concat(),
+    );
     assert_eq!(live.status.code(), Some(1));
     assert_eq!(replayed.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&live.stderr).contains("\"C2C\""));
