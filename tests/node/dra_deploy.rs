@@ -41,10 +41,12 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The DRA component's folder, whose DeviceClasses the CEL tests read.
 pub(crate) fn component() -> PathBuf {
     repo().join("deploy/components/dra")
 }
 
+/// The example claims' folder.
 pub(crate) fn examples() -> PathBuf {
     repo().join("deploy/examples/dra")
 }
@@ -741,6 +743,7 @@ pub(crate) const GPU: &str = "0000:03:00.0";
 /// The second GPU's PCI address on [`Node`]: no NIC on its PCIe root.
 pub(crate) const GPU1: &str = "0000:a2:00.0";
 
+/// The fixture node of [`Node`], published by the real `nodefabric publish`.
 pub(crate) fn node() -> Node {
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
@@ -1029,6 +1032,7 @@ pub(crate) fn eval(expr: &str, c: &Candidate) -> Result<bool, String> {
     }
 }
 
+/// The CEL expressions of a list of selectors, in order.
 pub(crate) fn expressions(selectors: &Option<Vec<DeviceSelector>>) -> Vec<String> {
     selectors
         .iter()
@@ -1094,6 +1098,7 @@ pub(crate) fn selected<'a>(
     Ok(out)
 }
 
+/// The devices' labels, sorted.
 pub(crate) fn labels(devices: &[&Candidate]) -> Vec<String> {
     let mut v: Vec<String> = devices.iter().map(|d| d.label.clone()).collect();
     v.sort();
@@ -1172,6 +1177,7 @@ fn allocations(
         .collect())
 }
 
+/// An example claim template as its typed object (no unknown field).
 pub(crate) fn example(name: &str) -> ResourceClaimTemplate {
     typed(name, &file(&examples(), name))
 }
