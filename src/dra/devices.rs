@@ -4,15 +4,12 @@
 //! the specs and the rail record, so the same files always make the same
 //! pool (and the driver writes nothing when they did not change).
 
+use super::attributes as attr;
 use crate::cdi::{Device, EndpointAnnotations, Family, Spec};
 use crate::rails::RailRecord;
 use crate::record::LinkState;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-/// Kubernetes' own attribute domain: `resource.kubernetes.io/pcieRoot` is
-/// what lets a claim match a GPU of another driver with the NIC beside it.
-pub const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
 
 /// The most attributes (and capacities) the API server takes per device.
 pub const MAX_ATTRIBUTES: usize = 32;
@@ -161,40 +158,40 @@ fn of_device(
         attributes.insert(name.to_string(), value);
     };
     if let Some(root) = &a.pcie_root {
-        put(
-            &format!("{STANDARD_DOMAIN}/pcieRoot"),
-            Attribute::String(root.clone()),
-        );
+        put(attr::PCIE_ROOT, Attribute::String(root.clone()));
     }
     if let Some(pci) = &a.pci_address {
-        put(
-            &format!("{STANDARD_DOMAIN}/pciBusID"),
-            Attribute::String(pci.clone()),
-        );
+        put(attr::PCI_BUS_ID, Attribute::String(pci.clone()));
     }
     if let Some(numa) = a.numa {
-        put("numaNode", Attribute::Int(i64::from(numa)));
+        // Both names: the standard one pairs with other drivers' devices,
+        // the driver's own is what claims written before it select on.
+        put(attr::NUMA_NODE, Attribute::Int(i64::from(numa)));
+        put(attr::OWN_NUMA_NODE, Attribute::Int(i64::from(numa)));
     }
-    put("rdmaDevice", Attribute::String(a.rdma_device.clone()));
+    put(attr::RDMA_DEVICE, Attribute::String(a.rdma_device.clone()));
     if !a.interfaces.is_empty() {
         put(
-            "ifName",
+            attr::IF_NAME,
             Attribute::String(
                 a.interfaces
                     .join(&crate::cdi::INTERFACE_SEPARATOR.to_string()),
             ),
         );
     }
-    put("linkState", Attribute::String(a.link.as_str().to_string()));
+    put(
+        attr::LINK_STATE,
+        Attribute::String(a.link.as_str().to_string()),
+    );
     if let Some(layer) = &a.link_layer {
-        put("linkLayer", Attribute::String(layer.clone()));
+        put(attr::LINK_LAYER, Attribute::String(layer.clone()));
     }
-    put("virtualFunction", Attribute::Bool(a.parent.is_some()));
+    put(attr::VIRTUAL_FUNCTION, Attribute::Bool(a.parent.is_some()));
     if let Some(parent) = &a.parent {
-        put("parentPciBusID", Attribute::String(parent.clone()));
+        put(attr::PARENT_PCI_BUS_ID, Attribute::String(parent.clone()));
     }
     if let Some(rail) = rail_of(rails, a) {
-        put("rail", Attribute::String(rail));
+        put(attr::RAIL, Attribute::String(rail));
     }
     DraDevice {
         name: device_name(a.pci_address.as_deref(), &a.rdma_device),
@@ -235,5 +232,46 @@ mod tests {
         assert_eq!(device_name(None, "_"), "rdma-0");
         let long = device_name(None, &"x".repeat(200));
         assert!(long.len() <= 63, "{long}");
+    }
+
+    #[test]
+    fn a_vf_with_every_fact_carries_only_the_listed_names_numa_under_both() {
+        let a = EndpointAnnotations {
+            rdma_device: "mlx5_3".into(),
+            pci_address: Some("0000:04:00.2".into()),
+            pcie_root: Some("pci0000:00".into()),
+            numa: Some(1),
+            link: LinkState::Ok,
+            link_layer: Some("Ethernet".into()),
+            interfaces: vec!["ens1f0v1".into()],
+            parent: Some("0000:04:00.0".into()),
+            ports: None,
+        };
+        let device = Device {
+            name: "mlx5_3".into(),
+            annotations: BTreeMap::new(),
+            container_edits: Default::default(),
+        };
+        let rails = RailRecord {
+            version: String::new(),
+            node_uid: String::new(),
+            rail_source: "interface-name".into(),
+            nics: BTreeMap::from([("0000:04:00.0".to_string(), vec!["rail0".to_string()])]),
+            gpus: Vec::new(),
+        };
+        let d = of_device(
+            Family::Partitioned,
+            "gpustack.ai/rdma-vf",
+            &device,
+            &a,
+            Some(&rails),
+        );
+        let names: Vec<&str> = d.attributes.keys().map(String::as_str).collect();
+        let mut listed: Vec<&str> = attr::STANDARD.iter().chain(&attr::OWN).copied().collect();
+        listed.sort();
+        assert_eq!(names, listed, "every listed name, and no other");
+        assert_eq!(d.attributes[attr::NUMA_NODE], Attribute::Int(1));
+        assert_eq!(d.attributes[attr::OWN_NUMA_NODE], Attribute::Int(1));
+        assert!(d.attributes.len() <= MAX_ATTRIBUTES);
     }
 }

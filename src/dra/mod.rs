@@ -7,6 +7,7 @@
 //!
 //! - [`devices`]: the published specs and rails → the pool's devices, with
 //!   their names, attributes and CDI device IDs (pure).
+//! - [`attributes`]: every attribute name the pool publishes, in one place.
 //! - [`slices`]: the pool as ResourceSlices (pure).
 //! - [`claims`]: what Prepare answers for one claim (pure).
 //! - [`claim_spec`]: the one small CDI spec a claim gets (`NCCL_IB_HCA`).
@@ -24,6 +25,7 @@
 //! The kubelet side (sockets, the authority front, the spec watch) is the
 //! shared runtime in [`crate::kubelet`].
 pub mod api;
+pub mod attributes;
 pub mod checkpoint;
 pub mod claim_spec;
 pub mod claims;

@@ -179,7 +179,7 @@ mod tests {
                     },
                     ports: (i == 0).then(|| "1=DOWN/Disabled".to_string()),
                     attributes: BTreeMap::from([(
-                        "rdmaDevice".to_string(),
+                        crate::dra::attributes::RDMA_DEVICE.to_string(),
                         Attribute::String(format!("mlx5_{i}")),
                     )]),
                 })

@@ -144,6 +144,10 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
             .unwrap()
             .starts_with("pci0000:"));
         assert!(a["resource.kubernetes.io/pciBusID"]["string"].is_string());
+        // The NUMA node under the standard name other drivers publish,
+        // and under the driver's own, equal.
+        assert!(a["resource.kubernetes.io/numaNode"]["int"].is_i64(), "{a}");
+        assert_eq!(a["resource.kubernetes.io/numaNode"], a["numaNode"]);
         assert!(a["rdmaDevice"]["string"]
             .as_str()
             .unwrap()

@@ -4,7 +4,7 @@
 
 use crate::support::dra::KUBELET_DRA_DEADLINE;
 use nodefabric::dra::api::{health_v1alpha1, v1, v1beta1};
-use nodefabric::dra::{devices, registration, slices};
+use nodefabric::dra::{attributes, devices, registration, slices};
 use nodefabric::kubelet::registration_api::registration_server;
 use nodefabric::plugin::api as dp;
 use std::collections::BTreeMap;
@@ -153,15 +153,14 @@ fn the_rows_that_name_our_constants_show_what_the_code_holds() {
         ("CDI spec version", nodefabric::cdi::CDI_VERSION.to_string()),
         (
             "Standard attribute domain",
-            devices::STANDARD_DOMAIN.to_string(),
+            attributes::STANDARD_DOMAIN.to_string(),
         ),
+        ("PCIe root attribute", attributes::PCIE_ROOT.to_string()),
+        ("PCI bus ID attribute", attributes::PCI_BUS_ID.to_string()),
+        ("NUMA node attribute", attributes::NUMA_NODE.to_string()),
         (
-            "PCIe root attribute",
-            format!("{}/pcieRoot", devices::STANDARD_DOMAIN),
-        ),
-        (
-            "PCI bus ID attribute",
-            format!("{}/pciBusID", devices::STANDARD_DOMAIN),
+            "DeviceClass extended resource field",
+            extended_resource_field(),
         ),
         (
             "Devices per slice",
@@ -186,6 +185,31 @@ fn the_rows_that_name_our_constants_show_what_the_code_holds() {
             .get(name)
             .unwrap_or_else(|| panic!("docs/conformance.md has no row {name:?}"));
         assert_eq!(row.ours, value, "docs/conformance.md row {name:?}");
+    }
+}
+
+/// The JSON key the typed DeviceClassSpec writes its extended resource
+/// name under: what the API server reads, whatever the Rust field is called.
+fn extended_resource_field() -> String {
+    let spec = k8s_openapi::api::resource::v1::DeviceClassSpec {
+        extended_resource_name: Some("example.com/x".into()),
+        ..Default::default()
+    };
+    let value = serde_json::to_value(spec).unwrap();
+    let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
+    assert_eq!(keys.len(), 1, "{value}");
+    keys[0].clone()
+}
+
+#[test]
+fn the_standard_attributes_are_each_a_row_and_in_the_standard_domain() {
+    let rows = rows();
+    for name in attributes::STANDARD {
+        assert!(
+            rows.values().any(|r| r.ours == name),
+            "docs/conformance.md has no row for {name}"
+        );
+        assert!(name.starts_with(&format!("{}/", attributes::STANDARD_DOMAIN)));
     }
 }
 

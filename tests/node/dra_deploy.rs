@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, VolumeMount};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodefabric::cli::{Cli, Command as Sub};
+use nodefabric::dra::attributes;
 use nodefabric::dra::devices::{self, Attribute, Published};
 use nodefabric::dra::DEFAULT_DRIVER;
 use nodefabric::kubelet::specs::{Change, Loader};
@@ -34,17 +35,19 @@ use std::process::Command;
 const ALLOCATOR_LABEL: &str = "nodefabric.gpustack.ai/rdma-allocator";
 
 /// NVIDIA's GPU DeviceClass, which the GPU example names.
-const GPU_CLASS: &str = "gpu.nvidia.com";
+pub(crate) const GPU_CLASS: &str = "gpu.nvidia.com";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn component() -> PathBuf {
+/// The DRA component's folder, whose DeviceClasses the CEL tests read.
+pub(crate) fn component() -> PathBuf {
     repo().join("deploy/components/dra")
 }
 
-fn examples() -> PathBuf {
+/// The example claims' folder.
+pub(crate) fn examples() -> PathBuf {
     repo().join("deploy/examples/dra")
 }
 
@@ -126,7 +129,7 @@ fn pod(ds: &DaemonSet) -> PodSpec {
 }
 
 /// One YAML file of the component or the examples.
-fn file(dir: &Path, name: &str) -> Value {
+pub(crate) fn file(dir: &Path, name: &str) -> Value {
     let path = dir.join(name);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -283,6 +286,112 @@ fn the_device_plugin_and_the_dra_driver_never_share_a_node() {
     assert!(runs_on(&unpatched, &nodes[1].1));
     // Both tolerate the same taints, so no tainted node is left with neither.
     assert_eq!(driver.tolerations, plugin.tolerations);
+}
+
+/// The extended resources the rendered device plugin registers: its own
+/// parser reads the DaemonSet's arguments (no environment variable of its
+/// flags is set there, which the test checks).
+fn plugin_resources(docs: &[Value]) -> BTreeSet<String> {
+    use nodefabric::plugin::catalog::Resource;
+    let spec = pod(&daemonset(docs, "nodefabric-device-plugin"));
+    let c = &spec.containers[0];
+    assert!(
+        c.env
+            .iter()
+            .flatten()
+            .all(|e| !e.name.starts_with("NODEFABRIC_")),
+        "the plugin's flags are set as arguments"
+    );
+    let mut argv = c.command.clone().unwrap();
+    argv.extend(c.args.clone().unwrap_or_default());
+    let cli = nodefabric::plugin::cli::PluginCli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    Resource::ALL
+        .into_iter()
+        .filter(|r| match r {
+            Resource::Exclusive => true,
+            Resource::Shared => !cli.no_shared,
+            Resource::Partitioned => !cli.no_partitioned,
+        })
+        .map(|r| format!("{}/{}", cli.resource_prefix, r.suffix()))
+        .collect()
+}
+
+/// The extended resources the rendered DeviceClasses map to DRA.
+fn class_resources(docs: &[Value]) -> BTreeMap<String, String> {
+    docs.iter()
+        .filter(|d| d["kind"] == "DeviceClass")
+        .filter_map(|d| {
+            let class: DeviceClass = typed("DeviceClass", d);
+            Some((class.spec.extended_resource_name?, class.metadata.name?))
+        })
+        .collect()
+}
+
+#[test]
+fn device_plugin_resource_names_map_to_the_classes_and_each_node_serves_one_source() {
+    let test = "device_plugin_resource_names_map_to_the_classes_and_each_node_serves_one_source";
+    let Some(dra) = with_dra(test) else {
+        return;
+    };
+    let plugin = plugin_resources(&dra);
+    let classes = class_resources(&dra);
+    // A Pod written for the device plugin asks for these; on a DRA node
+    // the class of the same name answers it.
+    assert_eq!(
+        classes,
+        BTreeMap::from([
+            (
+                "device.gpustack.ai/rdma".to_string(),
+                "rdma.gpustack.ai".to_string()
+            ),
+            (
+                "device.gpustack.ai/rdma.partitioned".to_string(),
+                "vf.rdma.gpustack.ai".to_string()
+            ),
+        ])
+    );
+    // rdma.shared has no class: DRA gives a NIC to one claim, so 64 Pods
+    // asking rdma.shared would each need a NIC of their own.
+    assert_eq!(
+        plugin
+            .difference(&classes.keys().cloned().collect())
+            .collect::<Vec<_>>(),
+        ["device.gpustack.ai/rdma.shared"]
+    );
+    for name in classes.keys() {
+        assert!(plugin.contains(name), "{name}: the plugin serves it too");
+    }
+    // Each node gets each name from one source only: the plugin's
+    // registration where the plugin runs, the class where the driver does.
+    let plugin_pod = pod(&daemonset(&dra, "nodefabric-device-plugin"));
+    let driver_pod = pod(&daemonset(&dra, "nodefabric-dra"));
+    for labels in [
+        BTreeMap::new(),
+        BTreeMap::from([(ALLOCATOR_LABEL, "dra")]),
+        BTreeMap::from([(ALLOCATOR_LABEL, "device-plugin")]),
+    ] {
+        let from_plugin: BTreeSet<&String> = if runs_on(&plugin_pod, &labels) {
+            plugin.iter().collect()
+        } else {
+            BTreeSet::new()
+        };
+        let from_dra: BTreeSet<&String> = if runs_on(&driver_pod, &labels) {
+            classes.keys().collect()
+        } else {
+            BTreeSet::new()
+        };
+        assert!(
+            from_plugin.is_disjoint(&from_dra),
+            "{labels:?}: {from_plugin:?} and {from_dra:?}"
+        );
+        for name in classes.keys() {
+            assert!(
+                from_plugin.contains(name) || from_dra.contains(name),
+                "{labels:?}: nothing serves {name}"
+            );
+        }
+    }
 }
 
 // ---- the driver's container ----------------------------------------------------
@@ -607,25 +716,35 @@ fn the_dra_account_may_write_its_slices_get_claims_and_get_nodes_and_nothing_els
 /// by the real `nodefabric publish` with a rail record (rail port by RDMA
 /// device name: mlx5_N is on railN; VFs are never rail ports):
 ///
-/// | RDMA device | PCI | PCIe root | link | |
-/// |---|---|---|---|---|
-/// | mlx5_0 | 0000:04:00.0 | pci0000:00 | up | under the GPU's switch |
-/// | mlx5_1 | 0000:81:00.0 | pci0000:80 | up | |
-/// | mlx5_2 | 0000:41:00.0 | pci0000:40 | down | Failed |
-/// | mlx5_3 | 0000:61:00.0 | pci0000:60 | one port down, one unreadable | Unverified |
-/// | mlx5_4 | 0000:c1:00.2 | pci0000:c0 | up | a VF of 0000:c1:00.0 |
-/// | mlx5_5 | 0000:c1:00.3 | pci0000:c0 | down | a VF of 0000:c1:00.0, Failed |
-struct Node {
+/// | RDMA device | PCI | PCIe root | NUMA | link | |
+/// |---|---|---|---|---|---|
+/// | mlx5_0 | 0000:04:00.0 | pci0000:00 | 0 | up | under the GPU's switch |
+/// | mlx5_1 | 0000:81:00.0 | pci0000:80 | 1 | up | |
+/// | mlx5_2 | 0000:41:00.0 | pci0000:40 | 0 | down | Failed |
+/// | mlx5_3 | 0000:61:00.0 | pci0000:60 | 1 | one port down, one unreadable | Unverified |
+/// | mlx5_4 | 0000:c1:00.2 | pci0000:c0 | 1 | up | a VF of 0000:c1:00.0 |
+/// | mlx5_5 | 0000:c1:00.3 | pci0000:c0 | 1 | down | a VF of 0000:c1:00.0, Failed |
+///
+/// and two GPUs: [`GPU`] on pci0000:00 (NUMA 0) beside mlx5_0, and
+/// [`GPU1`] alone on pci0000:a0 (NUMA 1), whose nearest NIC is mlx5_1 on
+/// its NUMA node.
+pub(crate) struct Node {
     _dir: tempfile::TempDir,
     sys: PathBuf,
-    specs: Published,
-    rails: RailRecord,
+    /// The published specs, as the driver's loader reads them.
+    pub(crate) specs: Published,
+    /// The rail record the publisher wrote.
+    pub(crate) rails: RailRecord,
 }
 
 /// The GPU's PCI address on [`Node`].
-const GPU: &str = "0000:03:00.0";
+pub(crate) const GPU: &str = "0000:03:00.0";
 
-fn node() -> Node {
+/// The second GPU's PCI address on [`Node`]: no NIC on its PCIe root.
+pub(crate) const GPU1: &str = "0000:a2:00.0";
+
+/// The fixture node of [`Node`], published by the real `nodefabric publish`.
+pub(crate) fn node() -> Node {
     let dir = tempfile::tempdir().unwrap();
     let sys = dir.path().join("sys");
     let t = Tree::new(&sys);
@@ -635,8 +754,9 @@ fn node() -> Node {
                netdev: &str,
                up: bool,
                ibdev: &str,
-               ports: &[(&str, &str)]| {
-        let d = t.pci(chain, fixtures::MELLANOX, device, fixtures::CLASS_ETH, 0);
+               ports: &[(&str, &str)],
+               numa: i32| {
+        let d = t.pci(chain, fixtures::MELLANOX, device, fixtures::CLASS_ETH, numa);
         t.netdev(&d, netdev, 9000, up);
         t.rdma(&d, ibdev, ports);
         d
@@ -644,6 +764,14 @@ fn node() -> Node {
     let (rp, sw) = (addr(0x00, 1, 0), addr(0x01, 0, 0));
     let gpu = [rp.as_str(), &sw, &addr(0x02, 0, 0), GPU];
     t.pci(&gpu, fixtures::NVIDIA, 0x2330, fixtures::CLASS_3D, 0);
+    let gpu1 = [addr(0xa0, 1, 0), addr(0xa1, 0, 0), GPU1.to_string()];
+    t.pci(
+        &[&gpu1[0], &gpu1[1], &gpu1[2]],
+        fixtures::NVIDIA,
+        0x2330,
+        fixtures::CLASS_3D,
+        1,
+    );
     let beside = [rp.as_str(), &sw, &addr(0x02, 1, 0), &addr(0x04, 0, 0)];
     nic(
         &beside,
@@ -652,6 +780,7 @@ fn node() -> Node {
         true,
         "mlx5_0",
         &[fixtures::UP],
+        0,
     );
     let other = [addr(0x80, 1, 0), addr(0x81, 0, 0)];
     nic(
@@ -661,6 +790,7 @@ fn node() -> Node {
         true,
         "mlx5_1",
         &[fixtures::UP],
+        1,
     );
     let down = [addr(0x40, 1, 0), addr(0x41, 0, 0)];
     nic(
@@ -670,6 +800,7 @@ fn node() -> Node {
         false,
         "mlx5_2",
         &[fixtures::DOWN],
+        0,
     );
     let unread = [addr(0x60, 1, 0), addr(0x61, 0, 0)];
     let d = nic(
@@ -679,6 +810,7 @@ fn node() -> Node {
         true,
         "mlx5_3",
         &[fixtures::DOWN, fixtures::DOWN],
+        1,
     );
     let state = format!("{d}/infiniband/mlx5_3/ports/2/state");
     fs::remove_file(sys.join(&state)).unwrap();
@@ -689,7 +821,7 @@ fn node() -> Node {
         fixtures::MELLANOX,
         0x101d,
         fixtures::CLASS_ETH,
-        0,
+        1,
     );
     t.netdev(&pf, "enp193s0f0np0", 9000, true);
     let mut vfs = Vec::new();
@@ -699,7 +831,7 @@ fn node() -> Node {
             fixtures::MELLANOX,
             0x101e,
             fixtures::CLASS_ETH,
-            0,
+            1,
         );
         t.netdev(&vf, &format!("enp193s0f0v{}", func - 2), 9000, up);
         let port = if up { fixtures::UP } else { fixtures::DOWN };
@@ -762,18 +894,18 @@ fn node() -> Node {
 
 /// A device as the scheduler's allocator sees it in a ResourceSlice.
 #[derive(Debug, Clone)]
-struct Candidate {
+pub(crate) struct Candidate {
     /// What the assertions call it: the RDMA device, or `gpu`.
-    label: String,
-    driver: String,
+    pub(crate) label: String,
+    pub(crate) driver: String,
     /// Attribute name as published: `resource.kubernetes.io/pcieRoot`, or
     /// bare (`linkState`), which is in the driver's domain.
-    attributes: BTreeMap<String, Attribute>,
+    pub(crate) attributes: BTreeMap<String, Attribute>,
 }
 
 impl Candidate {
     /// The attribute under its fully qualified name.
-    fn qualified(&self, name: &str) -> Option<&Attribute> {
+    pub(crate) fn qualified(&self, name: &str) -> Option<&Attribute> {
         self.attributes.iter().find_map(|(n, v)| {
             let full = if n.contains('/') {
                 n.clone()
@@ -788,7 +920,7 @@ impl Candidate {
 impl Node {
     /// The devices the driver publishes (rail attributes only with the rail
     /// record), and NVIDIA's driver's device for the GPU.
-    fn candidates(&self, with_rails: bool) -> Vec<Candidate> {
+    pub(crate) fn candidates(&self, with_rails: bool) -> Vec<Candidate> {
         let pool = devices::pool(&self.specs, with_rails.then_some(&self.rails));
         assert!(pool.refused.is_empty(), "{:?}", pool.refused);
         let mut out: Vec<Candidate> = pool
@@ -804,11 +936,23 @@ impl Node {
         out
     }
 
-    /// The GPU as NVIDIA's DRA driver publishes it; its pcieRoot found the
-    /// way Kubernetes' deviceattribute helper finds it: the `pciDDDD:BB`
-    /// element of the device's resolved sysfs path.
-    fn gpu(&self) -> Candidate {
-        let link = fs::read_link(self.sys.join("bus/pci/devices").join(GPU)).unwrap();
+    /// The GPU beside mlx5_0 as NVIDIA's DRA driver publishes it.
+    pub(crate) fn gpu(&self) -> Candidate {
+        self.gpu_at(GPU, "gpu")
+    }
+
+    /// The GPU at `pci` as NVIDIA's DRA driver publishes it; its pcieRoot
+    /// found the way Kubernetes' deviceattribute helper finds it (the
+    /// `pciDDDD:BB` element of the device's resolved sysfs path), its NUMA
+    /// node the kernel's `numa_node`.
+    pub(crate) fn gpu_at(&self, pci: &str, label: &str) -> Candidate {
+        let dev = self.sys.join("bus/pci/devices").join(pci);
+        let numa: i64 = fs::read_to_string(dev.join("numa_node"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let link = fs::read_link(&dev).unwrap();
         let root = link
             .components()
             .filter_map(|c| c.as_os_str().to_str())
@@ -816,18 +960,13 @@ impl Node {
             .unwrap()
             .to_string();
         Candidate {
-            label: "gpu".into(),
+            label: label.into(),
             driver: GPU_CLASS.into(),
             attributes: BTreeMap::from([
                 ("type".into(), Attribute::String("gpu".into())),
-                (
-                    "resource.kubernetes.io/pcieRoot".into(),
-                    Attribute::String(root),
-                ),
-                (
-                    "resource.kubernetes.io/pciBusID".into(),
-                    Attribute::String(GPU.into()),
-                ),
+                (attributes::PCIE_ROOT.into(), Attribute::String(root)),
+                (attributes::PCI_BUS_ID.into(), Attribute::String(pci.into())),
+                (attributes::NUMA_NODE.into(), Attribute::Int(numa)),
             ]),
         }
     }
@@ -882,7 +1021,7 @@ fn cel_device(c: &Candidate, expr: &str) -> cel::Value {
 }
 
 /// One selector on one device: its verdict, or the evaluation error.
-fn eval(expr: &str, c: &Candidate) -> Result<bool, String> {
+pub(crate) fn eval(expr: &str, c: &Candidate) -> Result<bool, String> {
     let program = cel::Program::compile(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
     let mut ctx = cel::Context::default();
     ctx.add_variable_from_value("device", cel_device(c, expr));
@@ -893,7 +1032,8 @@ fn eval(expr: &str, c: &Candidate) -> Result<bool, String> {
     }
 }
 
-fn expressions(selectors: &Option<Vec<DeviceSelector>>) -> Vec<String> {
+/// The CEL expressions of a list of selectors, in order.
+pub(crate) fn expressions(selectors: &Option<Vec<DeviceSelector>>) -> Vec<String> {
     selectors
         .iter()
         .flatten()
@@ -903,7 +1043,7 @@ fn expressions(selectors: &Option<Vec<DeviceSelector>>) -> Vec<String> {
 
 /// The component's DeviceClasses, and a stand-in for NVIDIA's GPU class
 /// (its driver and device type), which the GPU example names.
-fn classes() -> BTreeMap<String, Vec<String>> {
+pub(crate) fn classes() -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     for name in ["deviceclass-rdma.yaml", "deviceclass-vf.yaml"] {
         let class: DeviceClass = typed(name, &file(&component(), name));
@@ -925,7 +1065,7 @@ fn classes() -> BTreeMap<String, Vec<String>> {
 /// class's selectors, then the request's, in order, the first false ending
 /// it; an evaluation error on any device aborts the allocation (`Err`, in
 /// the allocator's words).
-fn selected<'a>(
+pub(crate) fn selected<'a>(
     classes: &BTreeMap<String, Vec<String>>,
     class: &str,
     request: &[String],
@@ -958,7 +1098,8 @@ fn selected<'a>(
     Ok(out)
 }
 
-fn labels(devices: &[&Candidate]) -> Vec<String> {
+/// The devices' labels, sorted.
+pub(crate) fn labels(devices: &[&Candidate]) -> Vec<String> {
     let mut v: Vec<String> = devices.iter().map(|d| d.label.clone()).collect();
     v.sort();
     v
@@ -1036,8 +1177,99 @@ fn allocations(
         .collect())
 }
 
-fn example(name: &str) -> ResourceClaimTemplate {
+/// An example claim template as its typed object (no unknown field).
+pub(crate) fn example(name: &str) -> ResourceClaimTemplate {
     typed(name, &file(&examples(), name))
+}
+
+/// Every example in deploy/examples/dra/, sorted.
+pub(crate) const EXAMPLES: [&str; 5] = [
+    "gpu-and-nearest-nic.yaml",
+    "gpu-and-nic-numa.yaml",
+    "gpu-and-nic.yaml",
+    "nic-on-rail.yaml",
+    "one-nic.yaml",
+];
+
+/// Every CEL expression of an example's requests, `exactly` or a
+/// `firstAvailable` subrequest.
+fn example_expressions(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in example(name).spec.spec.devices.unwrap().requests.unwrap() {
+        if let Some(exact) = &r.exactly {
+            out.extend(expressions(&exact.selectors));
+        }
+        for sub in r.first_available.iter().flatten() {
+            out.extend(expressions(&sub.selectors));
+        }
+    }
+    out
+}
+
+/// Every `(domain, name)` a CEL expression reads as
+/// `device.attributes["domain"].name`; an `attributes[` in any other shape
+/// fails the test, so no lookup escapes the check.
+fn attribute_names(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for part in expr.split("attributes[").skip(1) {
+        let quote = part.chars().next().unwrap();
+        let rest = &part[1..];
+        let (domain, rest) = rest
+            .split_once(quote)
+            .unwrap_or_else(|| panic!("{expr}: a literal domain"));
+        let rest = rest.strip_prefix("].").unwrap_or_else(|| {
+            panic!("{expr}: `attributes[\"{domain}\"]` not followed by `.name`")
+        });
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        assert!(!name.is_empty(), "{expr}");
+        out.push((domain.to_string(), name));
+    }
+    out
+}
+
+#[test]
+fn the_shipped_classes_and_examples_name_only_the_attributes_the_driver_publishes() {
+    // Attribute names live in nodefabric::dra::attributes; a selector or a
+    // constraint naming anything else would read a name no device has
+    // (aborting the claim's allocation) or pair nothing.
+    let mut named: Vec<(String, String, String)> = Vec::new();
+    for file_name in ["deviceclass-rdma.yaml", "deviceclass-vf.yaml"] {
+        let class: DeviceClass = typed(file_name, &file(&component(), file_name));
+        for e in expressions(&class.spec.selectors) {
+            for (d, n) in attribute_names(&e) {
+                named.push((file_name.into(), d, n));
+            }
+        }
+    }
+    for name in EXAMPLES {
+        for e in example_expressions(name) {
+            for (d, n) in attribute_names(&e) {
+                named.push((name.into(), d, n));
+            }
+        }
+        let claim = example(name).spec.spec.devices.unwrap();
+        for c in claim.constraints.iter().flatten() {
+            let attr = c.match_attribute.clone().unwrap();
+            let (d, n) = attr.split_once('/').expect("a qualified matchAttribute");
+            named.push((name.into(), d.into(), n.into()));
+        }
+    }
+    assert!(named.len() >= 10, "{named:?}");
+    for (file, domain, name) in &named {
+        assert!(
+            attributes::is_published(DEFAULT_DRIVER, domain, name),
+            "{file}: {domain}/{name} is not in nodefabric::dra::attributes"
+        );
+    }
+    // The rule itself: a misspelt name or a foreign domain is refused.
+    for (d, n) in attribute_names(
+        r#"device.attributes["rdma.gpustack.ai"].linkstate == "OK" && device.attributes["resource.kubernetes.io"].numa == 0"#,
+    ) {
+        assert!(!attributes::is_published(DEFAULT_DRIVER, &d, &n), "{d}/{n}");
+    }
 }
 
 #[test]
@@ -1094,6 +1326,41 @@ fn the_fixture_publishes_one_device_of_each_kind_the_classes_tell_apart() {
         s("pci0000:00").as_ref(),
         "the GPU shares mlx5_0's root"
     );
+    // Every NIC carries its NUMA node under the standard name, which the
+    // GPU driver publishes too, and under the driver's own name.
+    let numa: Vec<_> = all
+        .iter()
+        .filter(|c| c.driver == DEFAULT_DRIVER)
+        .map(|c| {
+            let own = attr(c, attributes::OWN_NUMA_NODE);
+            assert_eq!(
+                c.qualified(attributes::NUMA_NODE).cloned(),
+                own,
+                "{}",
+                c.label
+            );
+            (c.label.as_str(), own)
+        })
+        .collect();
+    let i = |v| Some(Attribute::Int(v));
+    assert_eq!(
+        numa,
+        [
+            ("mlx5_0", i(0)),
+            ("mlx5_2", i(0)),
+            ("mlx5_3", i(1)),
+            ("mlx5_1", i(1)),
+            ("mlx5_4", i(1)),
+            ("mlx5_5", i(1)),
+        ]
+    );
+    let gpu1 = n.gpu_at(GPU1, "gpu1");
+    assert_eq!(
+        gpu1.qualified(attributes::PCIE_ROOT),
+        s("pci0000:a0").as_ref()
+    );
+    assert_eq!(gpu1.qualified(attributes::NUMA_NODE), i(1).as_ref());
+    assert_eq!(n.gpu().qualified(attributes::NUMA_NODE), i(0).as_ref());
 }
 
 #[test]
@@ -1230,15 +1497,10 @@ fn every_cel_expression_compiles_never_aborts_on_a_published_device_and_takes_on
         .filter(|n| n.ends_with(".yaml"))
         .collect();
     names.sort();
-    assert_eq!(
-        names,
-        ["gpu-and-nic.yaml", "nic-on-rail.yaml", "one-nic.yaml"]
-    );
+    assert_eq!(names, EXAMPLES);
     for name in &names {
-        for r in example(name).spec.spec.devices.unwrap().requests.unwrap() {
-            for e in expressions(&r.exactly.unwrap().selectors) {
-                all.push((name.clone(), e));
-            }
+        for e in example_expressions(name) {
+            all.push((name.clone(), e));
         }
     }
     assert_eq!(all.len(), 3, "two classes and the rail example: {all:?}");
@@ -1262,28 +1524,50 @@ fn every_cel_expression_compiles_never_aborts_on_a_published_device_and_takes_on
 #[test]
 fn the_claim_examples_are_typed_v1_templates_of_the_components_classes() {
     let known = classes();
-    for name in ["one-nic.yaml", "nic-on-rail.yaml", "gpu-and-nic.yaml"] {
+    for name in EXAMPLES {
         let v = file(&examples(), name);
         assert_eq!(v["apiVersion"], "resource.k8s.io/v1", "{name}");
         let t = example(name);
         let claim = t.spec.spec.devices.unwrap();
         let requests = claim.requests.unwrap();
         for r in &requests {
-            let exact = r.exactly.as_ref().unwrap();
-            assert!(
-                known.contains_key(&exact.device_class_name),
-                "{name}: class {}",
-                exact.device_class_name
-            );
+            let mut classes: Vec<&str> = r
+                .first_available
+                .iter()
+                .flatten()
+                .map(|s| s.device_class_name.as_str())
+                .collect();
+            classes.extend(r.exactly.as_ref().map(|e| e.device_class_name.as_str()));
+            assert!(!classes.is_empty(), "{name}: request {}", r.name);
+            for class in classes {
+                assert!(known.contains_key(class), "{name}: class {class}");
+            }
         }
         for c in claim.constraints.iter().flatten() {
+            // `request` or `request/subrequest`, as the API resolves them.
             for r in c.requests.iter().flatten() {
-                assert!(requests.iter().any(|x| &x.name == r), "{name}: {r}");
+                let (main, sub) = r
+                    .split_once('/')
+                    .map_or((r.as_str(), None), |(m, s)| (m, Some(s)));
+                let request = requests
+                    .iter()
+                    .find(|x| x.name == main)
+                    .unwrap_or_else(|| panic!("{name}: {r}"));
+                if let Some(sub) = sub {
+                    assert!(
+                        request
+                            .first_available
+                            .iter()
+                            .flatten()
+                            .any(|s| s.name == sub),
+                        "{name}: {r}"
+                    );
+                }
             }
-            assert_eq!(
-                c.match_attribute.as_deref(),
-                Some("resource.kubernetes.io/pcieRoot"),
-                "{name}"
+            let attr = c.match_attribute.as_deref().unwrap();
+            assert!(
+                [attributes::PCIE_ROOT, attributes::NUMA_NODE].contains(&attr),
+                "{name}: {attr}"
             );
         }
     }

@@ -12,6 +12,7 @@ mod conformance;
 mod deploy;
 mod discovery;
 mod docs;
+mod dra_allocate;
 mod dra_deploy;
 mod fabric;
 mod faults;
