@@ -68,6 +68,18 @@ pub fn parse_namespace(s: &str) -> Result<String, NamespaceError> {
     Ok(s.to_string())
 }
 
+/// A `--node-name` value that is not a Node's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}: --node-name (or NODE_NAME) must be a Node's name")]
+pub struct NodeNameError(NamespaceError);
+
+/// Parses `--node-name` (or NODE_NAME) for every command line that takes
+/// it: a Node's name is a DNS subdomain, and anything else (`a/b`,
+/// `n1/../n1`) would reach the API as another path or object.
+pub fn parse_node_name(s: &str) -> Result<String, NodeNameError> {
+    parse_namespace(s).map_err(NodeNameError)
+}
+
 /// The longest DRA driver name the API server takes in a ResourceSlice or
 /// a DeviceClass selector (`resource.k8s.io` `DriverNameMaxLength`).
 pub const DRIVER_NAME_MAX: usize = 63;

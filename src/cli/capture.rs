@@ -21,7 +21,7 @@ pub struct CaptureArgs {
 
     /// This node's name, for --gpu-operator-daemonset: the pod asked is
     /// the one on this Node.
-    #[arg(long, value_name = "NAME", env = "NODE_NAME", value_parser = super::cluster_args::parse_node_name)]
+    #[arg(long, value_name = "NAME", env = "NODE_NAME", value_parser = crate::names::parse_node_name)]
     pub node_name: Option<String>,
 }
 

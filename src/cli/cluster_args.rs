@@ -27,7 +27,7 @@ pub struct BrokerArgs {
 
     /// This node's name: its key in the shared ConfigMap, and the Node whose
     /// UID the record carries (set NODE_NAME from the downward API's spec.nodeName).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME", value_parser = parse_node_name)]
+    #[arg(long, value_name = "NAME", env = "NODE_NAME", value_parser = crate::names::parse_node_name)]
     pub node_name: Option<String>,
 
     /// Also publish the record under key --node-name of this ConfigMap
@@ -84,14 +84,6 @@ impl Default for BrokerArgs {
             memo: Memo::default(),
         }
     }
-}
-
-/// Parses `--node-name` (or NODE_NAME) for clap: a Node's name is a DNS
-/// subdomain, and anything else (`a/b`, `n1/../n1`) would reach the API as
-/// another path or object.
-pub fn parse_node_name(s: &str) -> Result<String, String> {
-    crate::names::parse_namespace(s)
-        .map_err(|e| format!("{e}: --node-name (or NODE_NAME) must be a Node's name"))
 }
 
 /// Parses `--rails-configmap` for clap.

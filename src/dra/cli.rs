@@ -3,10 +3,9 @@
 
 use super::server::{self, Config};
 use super::taints::FailedEffect;
-use crate::cli::cluster_args::parse_node_name;
 use crate::kubelet::args::PluginArgs;
 use crate::kubelet::signals;
-use crate::names::{duration_in, parse_driver_name, DurationError};
+use crate::names::{duration_in, parse_driver_name, parse_node_name, DurationError};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -167,6 +167,16 @@ impl Observed {
         Observed { registry, ..o }
     }
 
+    /// The readiness facts. A panic while they were held (none is known)
+    /// poisons the lock; the facts are plain values, each write complete,
+    /// so they are taken as they are rather than failing every probe, as
+    /// the device plugin's metrics do.
+    fn readiness(&self) -> std::sync::MutexGuard<'_, Readiness> {
+        self.readiness
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The pool now has this many devices.
     pub fn pool(&self, devices: usize) {
         self.devices.set(devices as i64);
@@ -175,14 +185,14 @@ impl Observed {
     /// kubelet's verdict on the registration.
     pub fn registered(&self, yes: bool) {
         self.registered.set(i64::from(yes));
-        self.readiness.lock().unwrap().registered = yes;
+        self.readiness().registered = yes;
     }
 
     /// A reconcile succeeded with this many writes at this generation.
     pub fn reconciled(&self, writes: usize, generation: i64) {
         self.slice_writes.inc_by(writes as u64);
         self.generation.set(generation);
-        let mut r = self.readiness.lock().unwrap();
+        let mut r = self.readiness();
         r.slices = None;
         r.published = true;
     }
@@ -190,18 +200,18 @@ impl Observed {
     /// A reconcile failed.
     pub fn reconcile_failed(&self, why: String) {
         self.reconcile_errors.inc();
-        self.readiness.lock().unwrap().slices = Some(why);
+        self.readiness().slices = Some(why);
     }
 
     /// The CDI specs that cannot be read now, with why.
     pub fn specs(&self, unreadable: Vec<String>) {
-        self.readiness.lock().unwrap().specs = unreadable;
+        self.readiness().specs = unreadable;
     }
 
     /// A folder the driver serves from was deleted on the host under its
     /// mount (`Some(why)`), or is in place again (`None`).
     pub fn stale_folder(&self, why: Option<String>) {
-        self.readiness.lock().unwrap().stale = why;
+        self.readiness().stale = why;
     }
 
     /// The number of claims prepared now.
@@ -242,7 +252,7 @@ impl Observed {
         if silent.is_some() {
             self.socket_check_failures.inc();
         }
-        self.readiness.lock().unwrap().silent_socket = silent;
+        self.readiness().silent_socket = silent;
     }
 
     /// One claim's Unprepare ended.
@@ -253,7 +263,7 @@ impl Observed {
 
 impl Probes for Observed {
     fn healthy(&self) -> Result<(), String> {
-        let r = self.readiness.lock().unwrap();
+        let r = self.readiness();
         match (&r.stale, &r.silent_socket) {
             (None, None) => Ok(()),
             (Some(why), None) | (None, Some(why)) => Err(why.clone()),
@@ -262,7 +272,7 @@ impl Probes for Observed {
     }
 
     fn ready(&self) -> Result<(), Vec<String>> {
-        let r = self.readiness.lock().unwrap();
+        let r = self.readiness();
         let mut why = Vec::new();
         if !r.registered {
             why.push("not registered with kubelet".to_string());
@@ -285,5 +295,30 @@ impl Probes for Observed {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_readiness_lock_still_answers_the_probes() {
+        let observed = std::sync::Arc::new(Observed::new());
+        observed.registered(true);
+        let held = observed.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = held.readiness.lock().unwrap();
+            panic!("a panic while the readiness facts are held");
+        })
+        .join();
+        assert!(observed.readiness.is_poisoned());
+        observed.stale_folder(Some("the CDI folder was deleted".into()));
+        assert_eq!(observed.healthy(), Err("the CDI folder was deleted".into()));
+        let why = observed.ready().unwrap_err();
+        assert!(
+            why.iter().any(|w| w.contains("not published yet")),
+            "{why:?}"
+        );
     }
 }
