@@ -28,22 +28,6 @@ pub const CHECK_TIMEOUT_SECONDS: i64 = 90;
 /// The longest gap between two complete lists, a third of the timeout.
 pub const RESEND: Duration = Duration::from_secs(30);
 
-/// Streams the pool's health to each kubelet that asks.
-pub struct Health {
-    pool: watch::Receiver<Arc<Pool>>,
-    resend: Duration,
-}
-
-impl Health {
-    /// Health of the pool `pool` publishes, re-sent every [`RESEND`].
-    pub fn new(pool: watch::Receiver<Arc<Pool>>) -> Health {
-        Health {
-            pool,
-            resend: RESEND,
-        }
-    }
-}
-
 /// A device's health as kubelet reads it: OK is HEALTHY, Failed is
 /// UNHEALTHY with the ports' states, Unverified is UNKNOWN.
 pub fn device_health(pool_name: &str, d: &DraDevice, now: i64) -> api::DeviceHealth {
@@ -93,12 +77,12 @@ fn verdicts(pool: &Pool) -> Vec<(String, LinkState, Option<String>)> {
         .collect()
 }
 
-/// The health service bound to a pool name (the node's).
+/// Streams the pool's health to each kubelet that asks.
 pub struct HealthService {
     /// The node's name, each device's pool.
     pub pool_name: String,
-    /// The shared health source.
-    pub health: Arc<Health>,
+    /// The pool as the driver publishes it.
+    pub pool: watch::Receiver<Arc<Pool>>,
 }
 
 type Stream = Pin<
@@ -117,27 +101,26 @@ impl api::dra_resource_health_server::DraResourceHealth for HealthService {
         _: tonic::Request<api::NodeWatchResourcesRequest>,
     ) -> Result<tonic::Response<Stream>, tonic::Status> {
         let (tx, rx) = mpsc::channel(4);
-        let mut pool = self.health.pool.clone();
+        let mut pool = self.pool.clone();
         let pool_name = self.pool_name.clone();
-        let resend = self.health.resend;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(resend);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut sent: Option<Vec<(String, LinkState, Option<String>)>> = None;
+            let mut resend = tokio::time::interval(RESEND);
+            resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut sent = None;
             loop {
                 let now = pool.borrow_and_update().clone();
                 let state = verdicts(&now);
-                let due = sent.as_ref() != Some(&state);
-                tokio::select! {
-                    // The first tick is at once: the list on connect.
-                    _ = tick.tick() => {}
-                    changed = pool.changed(), if !due => {
-                        if changed.is_err() {
-                            return;
+                // Nothing new to say: wait for a change or the resend.
+                if sent.as_ref() == Some(&state) {
+                    tokio::select! {
+                        _ = resend.tick() => {}
+                        changed = pool.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                    _ = std::future::ready(()), if due => {}
                 }
                 let message = api::NodeWatchResourcesResponse {
                     devices: list(&pool_name, &now),
@@ -147,7 +130,7 @@ impl api::dra_resource_health_server::DraResourceHealth for HealthService {
                     return;
                 }
                 sent = Some(state);
-                tick.reset();
+                resend.reset();
             }
         });
         Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -26,7 +26,7 @@ use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Mutex};
@@ -65,6 +65,17 @@ pub struct ClaimRef {
     pub uid: String,
     /// Its name.
     pub name: String,
+}
+
+impl ClaimRef {
+    /// The claim a checkpoint entry was prepared for.
+    fn of(uid: String, prepared: &Prepared) -> ClaimRef {
+        ClaimRef {
+            namespace: prepared.namespace.clone(),
+            name: prepared.name.clone(),
+            uid,
+        }
+    }
 }
 
 impl std::fmt::Display for ClaimRef {
@@ -187,15 +198,14 @@ impl Preparer {
     ) -> Result<Preparer, LoadError> {
         let checkpoint = Checkpoint::load(&options.state_dir, &options.driver)?;
         observed.prepared_claims(checkpoint.claims.len());
-        let preparer = Preparer {
+        restore_specs(&options.cdi_dir, &checkpoint);
+        Ok(Preparer {
             options,
             client,
             pool,
             checkpoint: Mutex::new(checkpoint),
             observed,
-        };
-        preparer.restore_specs_of(&preparer.checkpoint.try_lock().expect("not shared yet"));
-        Ok(preparer)
+        })
     }
 
     /// Puts back the CDI spec of every prepared claim that is missing or
@@ -203,34 +213,7 @@ impl Preparer {
     /// CDI ID from that file without another Prepare. Blocking file I/O:
     /// call it off the runtime's threads.
     pub fn restore_specs(&self) {
-        let checkpoint = self.checkpoint.blocking_lock();
-        self.restore_specs_of(&checkpoint);
-    }
-
-    fn restore_specs_of(&self, checkpoint: &Checkpoint) {
-        for (uid, prepared) in &checkpoint.claims {
-            if prepared.rdma_devices.is_empty() {
-                continue;
-            }
-            let claim = ClaimRef {
-                namespace: prepared.namespace.clone(),
-                name: prepared.name.clone(),
-                uid: uid.clone(),
-            };
-            match claim_spec::write(&self.options.cdi_dir, uid, &prepared.rdma_devices) {
-                Ok(false) => {}
-                Ok(true) => {
-                    warn!(
-                    "the CDI spec of prepared {claim} was missing or changed: written again as {}",
-                    self.options.cdi_dir.join(claim_spec::file_name(uid)).display()
-                )
-                }
-                Err(e) => warn!(
-                    "restoring the CDI spec of prepared {claim}: {}",
-                    e.one_line()
-                ),
-            }
-        }
+        restore_specs(&self.options.cdi_dir, &self.checkpoint.blocking_lock());
     }
 
     /// Prepares each claim within `deadline` (kubelet's, from the call's
@@ -486,11 +469,7 @@ impl Preparer {
         };
         let read: Vec<(ClaimRef, Prepared, Option<String>)> = futures::stream::iter(held)
             .map(|(uid, prepared)| async move {
-                let claim = ClaimRef {
-                    namespace: prepared.namespace.clone(),
-                    name: prepared.name.clone(),
-                    uid,
-                };
+                let claim = ClaimRef::of(uid, &prepared);
                 let until = Instant::now() + self.options.api_timeout;
                 let stale = match self.read_claim(&claim, until).await {
                     Ok(found) => self.stale(&found, &claim, &prepared),
@@ -659,6 +638,28 @@ impl Answered {
             }
         }
         Answered { devices }
+    }
+}
+
+/// Writes back the CDI spec of each claim in `checkpoint` whose file in
+/// `cdi_dir` is missing or changed, naming the claim.
+fn restore_specs(cdi_dir: &Path, checkpoint: &Checkpoint) {
+    for (uid, prepared) in &checkpoint.claims {
+        if prepared.rdma_devices.is_empty() {
+            continue;
+        }
+        let claim = ClaimRef::of(uid.clone(), prepared);
+        match claim_spec::write(cdi_dir, uid, &prepared.rdma_devices) {
+            Ok(false) => {}
+            Ok(true) => warn!(
+                "the CDI spec of prepared {claim} was missing or changed: written again as {}",
+                cdi_dir.join(claim_spec::file_name(uid)).display()
+            ),
+            Err(e) => warn!(
+                "restoring the CDI spec of prepared {claim}: {}",
+                e.one_line()
+            ),
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 pub struct Outcome {
     /// Slices created (the new generation).
     pub created: usize,
-    /// Slices changed in place (taints only, same generation).
+    /// Slices changed in place (the same devices, same generation).
     pub updated: usize,
     /// Old or foreign slices deleted.
     pub deleted: usize,
@@ -60,9 +60,7 @@ pub struct Reconciler {
     last: Option<LastWrite>,
     /// What the server dropped of the last write, said once until it keeps
     /// everything again.
-    dropped: Option<String>,
-    /// Whether what it dropped was the devices' taints.
-    taints_dropped: bool,
+    dropped: Option<Dropped>,
     /// The highest generation this process wrote: after kubelet's wipe the
     /// next generation still counts up, so no reader takes it for an old one.
     written: i64,
@@ -78,7 +76,6 @@ impl Reconciler {
             rule,
             last: None,
             dropped: None,
-            taints_dropped: false,
             written: 0,
         }
     }
@@ -86,7 +83,7 @@ impl Reconciler {
     /// The feature gate whose fields the API server dropped from the last
     /// write (only `DRADeviceTaints` is told apart), for the metric.
     pub fn dropped_gate(&self) -> Option<&'static str> {
-        self.taints_dropped.then_some(taints::GATE)
+        matches!(self.dropped, Some(Dropped::Taints)).then_some(taints::GATE)
     }
 
     /// Makes the server's slices the pool; writes nothing when they are.
@@ -120,7 +117,7 @@ impl Reconciler {
         let ours = |s: &&ResourceSlice| {
             s.spec.pool.name == self.node
                 && owned_by(s, &owner)
-                && (0..i64::MAX).contains(&s.spec.pool.generation)
+                && exceedable(s.spec.pool.generation)
         };
         let latest = existing
             .iter()
@@ -137,7 +134,7 @@ impl Reconciler {
             .iter()
             .filter(|s| s.spec.pool.name == self.node)
             .map(|s| s.spec.pool.generation)
-            .filter(|g| (0..i64::MAX).contains(g))
+            .filter(|g| exceedable(*g))
             .max();
         // A foreign slice above ours would be the pool to the scheduler.
         let on_server = if latest.is_some() && highest == latest {
@@ -285,7 +282,6 @@ impl Reconciler {
     /// once what it dropped.
     fn noticed(&mut self, wanted: &[Device], kept: &[Device]) {
         let dropped = dropped(wanted, kept);
-        self.taints_dropped = dropped.as_ref().is_some_and(|d| d.contains(taints::GATE));
         if let Some(what) = &dropped {
             if self.dropped.as_ref() != Some(what) {
                 warn!(
@@ -370,9 +366,36 @@ fn owned_by(slice: &ResourceSlice, owner: &Owner) -> bool {
         .is_some_and(|refs| refs.iter().any(|r| r.kind == "Node" && r.uid == owner.uid))
 }
 
-/// What the server dropped of `sent` (its own stamps aside), naming the
-/// feature gate where the field is a gated one; `None` when it kept all.
-fn dropped(sent: &[Device], kept: &[Device]) -> Option<String> {
+/// A generation the next write can exceed (the API allows any i64).
+fn exceedable(generation: i64) -> bool {
+    (0..i64::MAX).contains(&generation)
+}
+
+/// What the API server dropped of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dropped {
+    /// The devices' taints alone: the `DRADeviceTaints` gate is off.
+    Taints,
+    /// Something else, in words: the first device that differs.
+    Other(String),
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dropped::Taints => write!(
+                f,
+                "device taints were dropped (feature gate {} off?): the linkState attribute still keeps Failed links out of this driver's DeviceClasses",
+                taints::GATE
+            ),
+            Dropped::Other(first) => write!(f, "(a DRA feature gate off?) {first}"),
+        }
+    }
+}
+
+/// What the server dropped of `sent` (its own stamps aside); `None` when it
+/// kept all.
+fn dropped(sent: &[Device], kept: &[Device]) -> Option<Dropped> {
     let sent = taints::stamped(sent, kept);
     if sent == kept {
         return None;
@@ -385,15 +408,9 @@ fn dropped(sent: &[Device], kept: &[Device]) -> Option<String> {
                 .is_some_and(|k| k.taints.as_ref().is_none_or(Vec::is_empty))
     });
     if lost_taints && taints::untainted(&sent) == taints::untainted(kept) {
-        return Some(format!(
-            "device taints were dropped (feature gate {} off?): the linkState attribute still keeps Failed links out of this driver's DeviceClasses",
-            taints::GATE
-        ));
+        return Some(Dropped::Taints);
     }
-    Some(format!(
-        "(a DRA feature gate off?) {}",
-        first_difference(&sent, kept)
-    ))
+    Some(Dropped::Other(first_difference(&sent, kept)))
 }
 
 /// The first device whose kept form differs from the one sent, in words.

@@ -19,7 +19,7 @@
 
 use super::checkpoint::LoadError;
 use super::devices::{self, Pool, Published};
-use super::health::{Health, HealthService};
+use super::health::HealthService;
 use super::lock::{LockError, StateLock};
 use super::metrics::Observed;
 use super::preparer::{Options, Preparer};
@@ -473,7 +473,7 @@ impl Driver {
             super::api::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
                 HealthService {
                     pool_name: self.config.node_name.clone(),
-                    health: Arc::new(Health::new(self.pool.subscribe())),
+                    pool: self.pool.subscribe(),
                 },
             ),
         );
