@@ -3,40 +3,16 @@
 //! the deletion event, and every publisher writes its key again.
 
 use super::support::cluster::{NS, OWNER};
-use super::{eventually, sigterm, World, CM};
+use super::{eventually, sigterm, spawn_publisher, World, CM};
 use serde_json::json;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// `publish --interval 2s` for Node `node` under the broker's account, into
 /// the shared ConfigMap; its output folders are its own.
 fn publisher(w: &World, node: &str) -> Child {
-    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-    c.args(["publish", "--sysfs-root"]).arg(&w.root);
-    for (flag, dir) in [
-        ("--features-dir", "f"),
-        ("--cdi-dir", "cdi"),
-        ("--state-dir", "s"),
-    ] {
-        c.arg(flag).arg(w.dir.join(format!("{node}-{dir}")));
-    }
-    c.args(["--interval", "2s", "--lldp-json"])
-        .arg(w.dir.join("lldp.json"));
-    c.args([
-        "--interface-regex",
-        "^eth_r([0-9]+)_p[0-9]+$",
-        "--rail-id",
-        "rail$1",
-        "--sysfs-paths",
-        "--node-name",
-        node,
-        "--rails-configmap",
-        CM,
-    ]);
-    c.stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    let prefix = format!("{node}-");
+    spawn_publisher(w, node, &prefix, "2s", None, &["--rails-configmap", CM])
 }
 
 #[test]

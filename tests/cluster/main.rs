@@ -776,6 +776,21 @@ fn probe(port: u16, path: &str) -> Option<u16> {
 /// `publish --interval 1s` for node-a under the broker's account, with
 /// --health-addr on `port` and the cluster flags `target`.
 fn interval_publisher(w: &World, port: u16, target: &[&str]) -> Child {
+    spawn_publisher(w, "node-a", "", "1s", Some(port), target)
+}
+
+/// `publish --interval <interval>` for Node `node` under the broker's
+/// account, its output folders named `<prefix>f`, `<prefix>cdi` and
+/// `<prefix>s`, with --health-addr on `port` if given and the cluster
+/// flags `target`: the one spawn every interval-publisher test uses.
+fn spawn_publisher(
+    w: &World,
+    node: &str,
+    prefix: &str,
+    interval: &str,
+    port: Option<u16>,
+    target: &[&str],
+) -> Child {
     let mut c = w.nodefabric_as(&w.broker_kubeconfig);
     c.args(["publish", "--sysfs-root"]).arg(&w.root);
     for (flag, dir) in [
@@ -783,16 +798,13 @@ fn interval_publisher(w: &World, port: u16, target: &[&str]) -> Child {
         ("--cdi-dir", "cdi"),
         ("--state-dir", "s"),
     ] {
-        c.arg(flag).arg(w.dir.join(dir));
+        c.arg(flag).arg(w.dir.join(format!("{prefix}{dir}")));
     }
-    c.args([
-        "--interval",
-        "1s",
-        "--health-addr",
-        &format!("127.0.0.1:{port}"),
-        "--lldp-json",
-    ])
-    .arg(w.dir.join("lldp.json"));
+    c.args(["--interval", interval]);
+    if let Some(port) = port {
+        c.args(["--health-addr", &format!("127.0.0.1:{port}")]);
+    }
+    c.arg("--lldp-json").arg(w.dir.join("lldp.json"));
     c.args([
         "--interface-regex",
         "^eth_r([0-9]+)_p[0-9]+$",
@@ -800,7 +812,7 @@ fn interval_publisher(w: &World, port: u16, target: &[&str]) -> Child {
         "rail$1",
         "--sysfs-paths",
         "--node-name",
-        "node-a",
+        node,
     ]);
     c.args(target);
     c.stdout(Stdio::null())
