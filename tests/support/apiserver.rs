@@ -55,8 +55,14 @@ mod watches;
 
 use configmaps::{create_configmap, patch_configmap, validate};
 use records::{records, Crd, Ownership};
-pub use records::{RECORDS, RECORDS_PATH};
 use watches::watch;
+
+/// NodeRailRecords' plural, API version and collection path.
+pub const RECORDS: &str = "noderailrecords";
+/// NodeRailRecords' apiVersion.
+pub const RECORDS_API: &str = "nodefabric.gpustack.ai/v1alpha1";
+/// The collection's path.
+pub const RECORDS_PATH: &str = "/apis/nodefabric.gpustack.ai/v1alpha1/noderailrecords";
 
 /// The administrator's token: every request allowed.
 pub const TOKEN: &str = "nodefabric-test-token";

@@ -4,20 +4,11 @@
 //! server-side apply with field ownership, merge patches, DELETE with
 //! preconditions; and what the garbage collector does for them.
 
-use super::{key, query_param, shape, status, ApiServer, State};
+use super::{key, query_param, shape, status, ApiServer, State, RECORDS, RECORDS_API};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-
-/// NodeRailRecords' plural, API version and collection path.
-pub const RECORDS: &str = "noderailrecords";
-
-/// NodeRailRecords' apiVersion.
-pub const RECORDS_API: &str = "nodefabric.gpustack.ai/v1alpha1";
-
-/// The collection's path.
-pub const RECORDS_PATH: &str = "/apis/nodefabric.gpustack.ai/v1alpha1/noderailrecords";
 
 /// Who owns which fields of one custom object.
 #[derive(Default, Clone)]
