@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod authority;
 mod containerd;
 mod dra;
 mod dra_faults;

@@ -5,8 +5,8 @@
 //! dynamic table, so a later call sends the authority as a one-byte index),
 //! and header blocks split into CONTINUATION frames at the peer's frame size.
 //! The `http` crate cannot build such a request, so the frames are written
-//! here by hand. Shared by the unit tests of `src/kubelet/authority.rs`
-//! (through `#[path]`) and the kubelet test binary.
+//! here by hand. Used by the kubelet test binary: the registration tests
+//! and the authority front's (tests/kubelet/authority.rs).
 #![allow(dead_code)]
 
 use loona_hpack::encoder::encode_integer_into;
