@@ -14,8 +14,10 @@ mod kubelet;
 mod proc_status;
 #[path = "support/report.rs"]
 mod report;
+#[path = "../tests/support/wait.rs"]
+mod wait;
 
-use kubelet::{within, Kubelet};
+use kubelet::Kubelet;
 use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use proc_status::rss_kib;
@@ -25,6 +27,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wait::within;
 
 const ALLOCATIONS: usize = 2000;
 const UPDATES: usize = 30;

@@ -5,7 +5,7 @@
 use super::support::apiserver::{self, Action, TOKEN};
 use super::support::cluster::{NS, OWNER};
 use super::support::os::make_fifo;
-use super::{compact, failed, ok, patches, World, CM, CM_PATH};
+use super::{compact, failed, ok, patches, World, CM, CM_PATH, RAIL_ARGS};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::Path;
@@ -23,14 +23,7 @@ fn node_uid_comes_from_the_node_through_kubeconfig_or_the_service_account() {
             .arg(&w.root)
             .arg("--lldp-json")
             .arg(w.dir.join("lldp.json"));
-        c.args([
-            "--interface-regex",
-            "^eth_r([0-9]+)_p[0-9]+$",
-            "--rail-id",
-            "rail$1",
-            "--sysfs-paths",
-        ])
-        .args(extra);
+        c.args(RAIL_ARGS).args(extra);
         for (k, v) in env {
             c.env(k, v);
         }
@@ -160,9 +153,7 @@ fn missing_configmap_fails_the_broker_and_names_the_observer() {
 
 #[test]
 fn injected_500_on_the_patch_keeps_the_previous_record_and_fails_the_pass() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous", "node-b": "other"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous", "node-b": "other"}));
     w.api.fault("PATCH", CM_PATH, Action::Respond(500));
     let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
     assert!(
@@ -178,9 +169,7 @@ fn injected_500_on_the_patch_keeps_the_previous_record_and_fails_the_pass() {
 
 #[test]
 fn discovery_error_changes_nothing_in_the_configmap() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous"}));
     fs::write(w.dir.join("broken.json"), "{\"lldp\": ").unwrap();
     failed(w.broker("node-a", "broken.json").output().unwrap());
     assert_eq!(w.data()["node-a"], "previous");
@@ -189,9 +178,7 @@ fn discovery_error_changes_nothing_in_the_configmap() {
 
 #[test]
 fn empty_rail_result_removes_the_key_and_an_absent_key_is_fine() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous", "node-b": "other"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous", "node-b": "other"}));
     let printed: Value =
         serde_json::from_str(&ok(w.broker("node-a", "none.json").output().unwrap())).unwrap();
     assert_eq!(printed["nics"], json!({}));
@@ -230,9 +217,7 @@ fn record_refused_for_size_names_the_limit_and_the_record_size() {
 
 #[test]
 fn values_file_config_map_name_is_the_broker_target_in_a_cluster() {
-    let w = World::new();
-    w.owned_configmap(json!({}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({}));
     let values = w.dir.join("values.yaml");
     let yaml = "nodeMetadata:\n  plugins:\n    gpuNicRailMapping:\n      enabled: true\n      configMapName: nodefabric-rails\n      railSource:\n        name: host-lldp\n        hostLLDP:\n          interfaceRegex: '^eth_r([0-9]+)_p[0-9]+$'\n          railID: 'rail$1'\n      gpuSource:\n        gpuOperatorNamespace: gpu-operator\n        daemonSet: nvidia-device-plugin-daemonset\n";
     fs::write(&values, yaml).unwrap();
@@ -262,26 +247,12 @@ fn one_shot_publish_writes_the_rail_file_even_when_the_configmap_refuses() {
     w.api.add_node("node-a");
     let file = w.dir.join("out/rails.json");
     let publish = || {
-        let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-        c.args(["publish", "--sysfs-root"]).arg(&w.root);
-        for (flag, dir) in [
-            ("--features-dir", "f"),
-            ("--cdi-dir", "cdi"),
-            ("--state-dir", "s"),
-        ] {
-            c.arg(flag).arg(w.dir.join(dir));
-        }
+        let mut c = w.publish_as(&w.broker_kubeconfig, "");
         c.arg("--rails-file")
             .arg(&file)
             .arg("--lldp-json")
             .arg(w.dir.join("lldp.json"));
-        c.args([
-            "--interface-regex",
-            "^eth_r([0-9]+)_p[0-9]+$",
-            "--rail-id",
-            "rail$1",
-            "--sysfs-paths",
-        ]);
+        c.args(RAIL_ARGS);
         c.args(["--node-name", "node-a", "--rails-configmap", CM]);
         c.output().unwrap()
     };
@@ -374,9 +345,7 @@ fn rbac_the_broker_may_patch_only_the_named_configmap() {
 
 #[test]
 fn hung_api_server_fails_the_broker_within_its_timeout_and_changes_nothing() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous"}));
     w.api.fault("PATCH", CM_PATH, Action::Hang);
     let e = failed(
         w.broker("node-a", "lldp.json")
@@ -403,9 +372,7 @@ fn hung_api_server_fails_the_broker_within_its_timeout_and_changes_nothing() {
 
 #[test]
 fn malformed_api_answers_fail_the_pass_naming_the_request() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous"}));
     for (body, code) in [
         ("not json at all", 200),
         ("{\"kind\": \"Status\"", 500),
@@ -469,9 +436,7 @@ fn missing_or_malformed_kubeconfig_fails_naming_it() {
 
 #[test]
 fn api_error_texts_name_each_cause_once_in_words_without_a_status_dump() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous"}));
     w.api.fault("PATCH", CM_PATH, Action::Respond(409));
     let e = failed(w.broker("node-a", "lldp.json").output().unwrap());
     assert!(!e.contains("Status {") && !e.contains("ApiError"), "{e}");

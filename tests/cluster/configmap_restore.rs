@@ -3,10 +3,12 @@
 //! the deletion event, and every publisher writes its key again.
 
 use super::support::cluster::{NS, OWNER};
-use super::{eventually, sigterm, spawn_publisher, World, CM};
+use super::support::wait;
+use super::{sigterm, spawn_publisher, World, CM};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `publish --interval 2s` for Node `node` under the broker's account, into
 /// the shared ConfigMap; its output folders are its own.
@@ -26,29 +28,25 @@ fn deleted_rail_configmap_is_recreated_by_the_observer_and_every_key_is_back_wit
     }
     let mut obs = w.synced_observer(); // resync: the 10m default
     let mut publishers: Vec<Child> = nodes.iter().map(|n| publisher(&w, n)).collect();
-    let every_key = |w: &World| {
-        w.api
-            .data(NS, CM)
+    let every_key = |d: &Option<BTreeMap<String, String>>| {
+        d.as_ref()
             .is_some_and(|d| nodes.iter().all(|n| d.contains_key(*n)))
     };
-    eventually("every publisher wrote its key", || every_key(&w));
+    wait::until(
+        "every publisher wrote its key",
+        || w.api.data(NS, CM),
+        every_key,
+    );
     let first = w.api.configmap(NS, CM).unwrap();
 
     w.api.delete_configmap(NS, CM);
     // Two 2 s intervals and some slack; far below the 10 minute resync.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !every_key(&w) {
-        assert!(
-            Instant::now() < deadline,
-            "10 s after the deletion the ConfigMap is {}; observer log:\n{}",
-            match w.api.data(NS, CM) {
-                None => "still absent".to_string(),
-                Some(d) => format!("back with keys {:?} only", d.keys().collect::<Vec<_>>()),
-            },
-            w.read_log("observer.log")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::until_by(
+        Duration::from_secs(10),
+        "the ConfigMap back with every key (and the observer's log)",
+        || (w.api.data(NS, CM), w.read_log("observer.log")),
+        |(d, _)| every_key(d),
+    );
 
     // The observer's own object again: a new one, same labels, its controller.
     let again = w.api.configmap(NS, CM).unwrap();

@@ -6,7 +6,8 @@
 use super::support::apiserver::{self, Action, ApiServer};
 use super::support::host;
 use super::support::os::free_port;
-use super::{eventually, failed, ok, probe, sigterm, spec, World, CM, NRR_PATH};
+use super::support::wait;
+use super::{failed, ok, probe, sigterm, spec, World, CM, NRR_PATH};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::PathBuf;
@@ -194,18 +195,29 @@ fn malformed_answers_to_the_records_list_or_apply_fail_naming_the_request_and_de
     w.api
         .fault("GET", NRR_PATH, Action::Raw(200, "{\"items\": 7}"));
     let mut obs = w.cr_observer("observer.log", "1s");
-    eventually("the broken list is reported", || {
-        w.read_log("observer.log")
-            .contains("reconciling NodeRailRecords: LIST NodeRailRecords")
-    });
-    eventually("the next resync deletes the stale record", || {
-        w.nrr("gone").is_none()
-    });
+    w.await_log(
+        "the broken list is reported",
+        "observer.log",
+        "reconciling NodeRailRecords: LIST NodeRailRecords",
+    );
+    wait::until(
+        "the next resync deletes the stale record",
+        || w.nrr("gone"),
+        Option::is_none,
+    );
     assert!(w.nrr("node-a").is_some());
     assert!(sigterm(&mut obs).success());
 }
 
 // ---- the observer --------------------------------------------------------------
+
+/// The LIST requests for NodeRailRecords.
+fn record_lists(api: &ApiServer) -> Vec<apiserver::Logged> {
+    api.log()
+        .into_iter()
+        .filter(|l| l.method == "GET" && l.path == NRR_PATH)
+        .collect()
+}
 
 /// The DELETE requests for NodeRailRecords, with their bodies.
 fn record_deletes(api: &ApiServer) -> Vec<apiserver::Logged> {
@@ -236,19 +248,23 @@ fn observer_deletes_records_of_gone_and_replaced_nodes_without_the_garbage_colle
     });
     // Every candidate is judged again by a fresh read of its Node before its delete.
     let mut obs = w.cr_observer("observer.log", "10m");
-    eventually("the record of a Node that never existed is deleted", || {
-        w.nrr("gone").is_none()
-    });
-    eventually("the record of an earlier Node e is deleted", || {
-        w.nrr("e").is_none()
-    });
+    wait::until(
+        "the record of a Node that never existed is deleted",
+        || w.nrr("gone"),
+        Option::is_none,
+    );
+    wait::until(
+        "the record of an earlier Node e is deleted",
+        || w.nrr("e"),
+        Option::is_none,
+    );
     assert!(w.nrr("a").is_some() && w.nrr("b").is_some() && w.nrr("c").is_some());
 
     w.api.touch_node("a"); // an ordinary update: nothing to do
     w.api.delete_node("b");
-    eventually("b's record is deleted", || w.nrr("b").is_none());
+    wait::until("b's record is deleted", || w.nrr("b"), Option::is_none);
     w.api.add_node("c"); // replaced under the same name; its broker has not applied yet
-    eventually("c's record is deleted", || w.nrr("c").is_none());
+    wait::until("c's record is deleted", || w.nrr("c"), Option::is_none);
     assert_eq!(w.nrr("a").unwrap()["metadata"]["uid"], ra.as_str());
 
     // Every delete named the uid and resourceVersion of the object judged.
@@ -262,12 +278,7 @@ fn observer_deletes_records_of_gone_and_replaced_nodes_without_the_garbage_colle
     );
     assert!(deletes.iter().all(|d| d.body.contains("preconditions")));
     // The list is of metadata only, never the records' specs.
-    let lists: Vec<_> = w
-        .api
-        .log()
-        .into_iter()
-        .filter(|l| l.method == "GET" && l.path == NRR_PATH)
-        .collect();
+    let lists = record_lists(&w.api);
     assert!(!lists.is_empty());
     assert!(sigterm(&mut obs).success());
     let log = w.read_log("observer.log");
@@ -299,14 +310,16 @@ fn observer_never_deletes_a_record_reapplied_in_place_after_it_was_judged() {
     );
     let uid = w.api.add_node("b");
     *new_b.lock().unwrap() = uid.clone();
-    eventually("the delete was refused", || {
-        record_deletes(&w.api).iter().any(|d| d.status == 409)
-    });
+    wait::until(
+        "the delete was refused",
+        || record_deletes(&w.api),
+        |sent| sent.iter().any(|d| d.status == 409),
+    );
     let kept = w.nrr("b").expect("the re-applied record stays");
     assert_eq!(kept["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
     // Still running and still working.
     w.api.delete_node("a");
-    eventually("a's record is deleted", || w.nrr("a").is_none());
+    wait::until("a's record is deleted", || w.nrr("a"), Option::is_none);
     assert!(w
         .read_log("observer.log")
         .contains("changed or went since it was read"));
@@ -322,12 +335,15 @@ fn observer_judges_a_record_its_node_cache_cannot_explain_by_a_fresh_read() {
     let d = w.api.add_node("d");
     w.api.with(|s| drop(s.put_record("d", &d, spec(&d))));
     // Several resyncs judge d against a cache without it: each reads Node d afresh and keeps the record.
-    eventually("a resync judged d", || {
-        w.read_log("observer.log")
-            .matches("NodeRailRecord d: stale by the Node cache, current by a fresh read")
-            .count()
-            >= 2
-    });
+    wait::until(
+        "a resync judged d",
+        || w.read_log("observer.log"),
+        |log| {
+            log.matches("NodeRailRecord d: stale by the Node cache, current by a fresh read")
+                .count()
+                >= 2
+        },
+    );
     assert!(
         w.nrr("d").is_some(),
         "a record is never deleted on the cache's word alone"
@@ -342,25 +358,12 @@ fn observer_without_the_crd_is_unready_naming_the_fix_and_recovers_once_it_exist
     let w = World::new();
     w.api.add_node("a");
     let port = free_port();
-    let stderr = fs::File::create(w.dir.join("observer.log")).unwrap();
-    let mut obs = w
-        .nodefabric_as(&w.observer_kubeconfig)
-        .args([
-            "observe",
-            "--rails-record",
-            "custom-resource",
-            "--resync",
-            "1s",
-            "--health-addr",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    eventually("the pass failed", || {
-        w.read_log("observer.log").contains("not installed")
-    });
+    let mut obs = w.spawn_logged(
+        w.cr_observe("1s")
+            .args(["--health-addr", &format!("127.0.0.1:{port}")]),
+        "observer.log",
+    );
+    w.await_log("the pass failed", "observer.log", "not installed");
     assert!(w
         .read_log("observer.log")
         .contains("nodefabric crd | kubectl apply -f -"));
@@ -368,10 +371,16 @@ fn observer_without_the_crd_is_unready_naming_the_fix_and_recovers_once_it_exist
     w.api.install_crd();
     w.api
         .with(|s| drop(s.put_record("gone", "u-gone", spec("u-gone"))));
-    eventually("a resync deleted the stale record", || {
-        w.nrr("gone").is_none()
-    });
-    eventually("ready", || probe(port, "/readyz") == Some(200));
+    wait::until(
+        "a resync deleted the stale record",
+        || w.nrr("gone"),
+        Option::is_none,
+    );
+    wait::until(
+        "ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     assert!(sigterm(&mut obs).success());
 }
 
@@ -386,18 +395,21 @@ fn observer_delete_refused_or_beaten_by_the_garbage_collector() {
         Action::Before(Box::new(|s| drop(s.collect_garbage()))),
     );
     w.api.delete_node("b");
-    eventually("the delete found it gone", || {
-        record_deletes(&w.api).iter().any(|d| d.status == 404)
-    });
+    wait::until(
+        "the delete found it gone",
+        || record_deletes(&w.api),
+        |sent| sent.iter().any(|d| d.status == 404),
+    );
     assert!(w.nrr("b").is_none());
     // A refused delete names the missing permission, and the record stays.
     w.api
         .fault("DELETE", &format!("{NRR_PATH}/a"), Action::Respond(403));
     w.api.delete_node("a");
-    eventually("the refusal is logged", || {
-        w.read_log("observer.log")
-            .contains("needs `delete` on noderailrecords")
-    });
+    w.await_log(
+        "the refusal is logged",
+        "observer.log",
+        "needs `delete` on noderailrecords",
+    );
     assert!(w.nrr("a").is_some());
     assert!(sigterm(&mut obs).success());
 }
@@ -426,9 +438,11 @@ fn observer_pages_through_more_records_than_one_list_holds_and_survives_an_expir
         .fault_where("GET", NRR_PATH, Some("continue="), Action::Respond(410));
     let mut obs = w.cr_observer("observer.log", "10m");
     for i in stale {
-        eventually(&format!("stale record {i} is deleted"), || {
-            w.nrr(&format!("n{i:04}")).is_none()
-        });
+        wait::until(
+            &format!("stale record {i} is deleted"),
+            || w.nrr(&format!("n{i:04}")),
+            Option::is_none,
+        );
     }
     assert_eq!(
         w.api.with(|s| (0..N)
@@ -436,12 +450,7 @@ fn observer_pages_through_more_records_than_one_list_holds_and_survives_an_expir
             .count()),
         N - 3
     );
-    let lists: Vec<_> = w
-        .api
-        .log()
-        .into_iter()
-        .filter(|l| l.method == "GET" && l.path == NRR_PATH)
-        .collect();
+    let lists = record_lists(&w.api);
     assert!(
         lists.iter().any(|l| l.status == 410)
             && lists
@@ -498,17 +507,17 @@ fn the_watch_example_sees_each_record_a_broker_applies_and_deletes() {
         .spawn()
         .unwrap();
     ok(w.cr_broker("node-a", "lldp.json").output().unwrap());
-    eventually("the example printed node-a's record", || {
-        fs::read_to_string(&out)
-            .unwrap()
-            .contains("node-a: 8 GPUs, 8 NICs; ")
-    });
+    wait::until(
+        "the example printed node-a's record",
+        || fs::read_to_string(&out).unwrap(),
+        |printed| printed.contains("node-a: 8 GPUs, 8 NICs; "),
+    );
     ok(w.cr_broker("node-a", "none.json").output().unwrap());
-    eventually("the example printed the deletion", || {
-        fs::read_to_string(&out)
-            .unwrap()
-            .contains("node-a: deleted")
-    });
+    wait::until(
+        "the example printed the deletion",
+        || fs::read_to_string(&out).unwrap(),
+        |printed| printed.contains("node-a: deleted"),
+    );
     let _ = watcher.kill();
     let _ = watcher.wait();
 }

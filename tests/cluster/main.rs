@@ -22,13 +22,20 @@ use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 use support::cluster::{Cluster, NS, OWNER};
-use support::{apiserver, fixtures};
+use support::{apiserver, fixtures, wait};
 
 // The names deploy/ uses: the RBAC there grants exactly these.
 const CM: &str = "nodefabric-rails";
 const CM_PATH: &str = "/api/v1/namespaces/nodefabric/configmaps/nodefabric-rails";
+/// How the fixture's ports map to rails (the LLDP tables name them all).
+const RAIL_ARGS: [&str; 5] = [
+    "--interface-regex",
+    "^eth_r([0-9]+)_p[0-9]+$",
+    "--rail-id",
+    "rail$1",
+    "--sysfs-paths",
+];
 const RAIL_PORTS: [&str; 8] = [
     "eth_r0_p0",
     "eth_r0_p1",
@@ -57,6 +64,15 @@ struct World {
 impl World {
     fn new() -> World {
         World::with_cluster(Cluster::start)
+    }
+
+    /// A world whose ConfigMap (the observer's) holds `data` and whose Node
+    /// node-a exists: where the broker's tests start.
+    fn holding(data: Value) -> World {
+        let w = World::new();
+        w.owned_configmap(data);
+        w.api.add_node("node-a");
+        w
     }
 
     /// A world on the cluster `start` makes in the test's folder.
@@ -123,15 +139,22 @@ impl World {
             .arg(&self.root)
             .arg("--lldp-json")
             .arg(self.dir.join(lldp));
-        c.args([
-            "--interface-regex",
-            "^eth_r([0-9]+)_p[0-9]+$",
-            "--rail-id",
-            "rail$1",
-            "--sysfs-paths",
-            "--node-name",
-            node,
-        ]);
+        c.args(RAIL_ARGS).args(["--node-name", node]);
+        c
+    }
+
+    /// `nodefabric publish` under the account of `kubeconfig`, its output
+    /// folders named `<prefix>f`, `<prefix>cdi` and `<prefix>s`.
+    fn publish_as(&self, kubeconfig: &Path, prefix: &str) -> Command {
+        let mut c = self.nodefabric_as(kubeconfig);
+        c.args(["publish", "--sysfs-root"]).arg(&self.root);
+        for (flag, dir) in [
+            ("--features-dir", "f"),
+            ("--cdi-dir", "cdi"),
+            ("--state-dir", "s"),
+        ] {
+            c.arg(flag).arg(self.dir.join(format!("{prefix}{dir}")));
+        }
         c
     }
 
@@ -142,24 +165,37 @@ impl World {
         c
     }
 
-    fn observer(&self, log: &str) -> Child {
+    /// `c` started at debug level, logging to `log` in the test's folder.
+    fn spawn_logged(&self, c: &mut Command, log: &str) -> Child {
         let stderr = fs::File::create(self.dir.join(log)).unwrap();
-        self.observe()
-            .args(["--log-level", "debug"])
+        c.args(["--log-level", "debug"])
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
             .unwrap()
     }
 
+    /// The ConfigMap observer, logging to `log`.
+    fn observer(&self, log: &str) -> Child {
+        self.spawn_logged(&mut self.observe(), log)
+    }
+
+    /// Waits until the observer logging to `log` is past its first
+    /// reconciliation.
+    fn synced(&self, log: &str) {
+        self.await_log("the observer synced", log, "reconciling every record");
+    }
+
+    /// Waits until `log` holds `text` (`what`); gives the log.
+    fn await_log(&self, what: &str, log: &str, text: &str) -> String {
+        wait::until(what, || self.read_log(log), |l| l.contains(text))
+    }
+
     /// The observer (logging to observer.log) once past its first
     /// reconciliation.
     fn synced_observer(&self) -> Child {
         let obs = self.observer("observer.log");
-        eventually("the observer synced", || {
-            self.read_log("observer.log")
-                .contains("reconciling every record")
-        });
+        self.synced("observer.log");
         obs
     }
 
@@ -195,22 +231,21 @@ impl World {
 
     /// `nodefabric observe --rails-record custom-resource` under the
     /// observer's account, resyncing every `resync`.
+    fn cr_observe(&self, resync: &str) -> Command {
+        let mut c = self.nodefabric_as(&self.observer_kubeconfig);
+        c.args([
+            "observe",
+            "--rails-record",
+            "custom-resource",
+            "--resync",
+            resync,
+        ]);
+        c
+    }
+
+    /// [`World::cr_observe`] started, logging to `log`.
     fn cr_observer(&self, log: &str, resync: &str) -> Child {
-        let stderr = fs::File::create(self.dir.join(log)).unwrap();
-        self.nodefabric_as(&self.observer_kubeconfig)
-            .args([
-                "observe",
-                "--rails-record",
-                "custom-resource",
-                "--resync",
-                resync,
-                "--log-level",
-                "debug",
-            ])
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap()
+        self.spawn_logged(&mut self.cr_observe(resync), log)
     }
 
     /// The CRD installed, Nodes `names` each with its current record, and
@@ -223,10 +258,7 @@ impl World {
                 .with(|s| drop(s.put_record(name, &uid, spec(&uid))));
         }
         let obs = self.cr_observer("observer.log", resync);
-        eventually("the observer synced", || {
-            self.read_log("observer.log")
-                .contains("reconciling every record")
-        });
+        self.synced("observer.log");
         obs
     }
 
@@ -287,16 +319,6 @@ fn failed(o: Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Waits for `cond` (the observer works asynchronously); fails naming `what`
-/// after a generous deadline, which is a hang guard, not a measurement.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn sigterm(child: &mut Child) -> std::process::ExitStatus {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
@@ -336,29 +358,13 @@ fn spawn_publisher(
     port: Option<u16>,
     target: &[&str],
 ) -> Child {
-    let mut c = w.nodefabric_as(&w.broker_kubeconfig);
-    c.args(["publish", "--sysfs-root"]).arg(&w.root);
-    for (flag, dir) in [
-        ("--features-dir", "f"),
-        ("--cdi-dir", "cdi"),
-        ("--state-dir", "s"),
-    ] {
-        c.arg(flag).arg(w.dir.join(format!("{prefix}{dir}")));
-    }
+    let mut c = w.publish_as(&w.broker_kubeconfig, prefix);
     c.args(["--interval", interval]);
     if let Some(port) = port {
         c.args(["--health-addr", &format!("127.0.0.1:{port}")]);
     }
     c.arg("--lldp-json").arg(w.dir.join("lldp.json"));
-    c.args([
-        "--interface-regex",
-        "^eth_r([0-9]+)_p[0-9]+$",
-        "--rail-id",
-        "rail$1",
-        "--sysfs-paths",
-        "--node-name",
-        node,
-    ]);
+    c.args(RAIL_ARGS).args(["--node-name", node]);
     c.args(target);
     c.stdout(Stdio::null())
         .stderr(Stdio::null())

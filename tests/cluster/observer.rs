@@ -6,15 +6,52 @@
 use super::support::apiserver::Action;
 use super::support::cluster::{NS, OWNER};
 use super::support::os::free_port;
-use super::{eventually, failed, ok, patches, probe, sigterm, World, CM, CM_PATH};
-use serde_json::{json, Value};
-use std::fs;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use super::support::wait;
+use super::{failed, ok, patches, probe, sigterm, World, CM, CM_PATH};
+use serde_json::{json, Map, Value};
+use std::process::Child;
+use std::time::Duration;
 
 /// A record as a broker of Node `uid` would write it (only nodeUID matters to the observer).
 fn record(uid: &str) -> String {
     format!("{{\"nodeUID\":\"{uid}\",\"version\":\"rails.nodefabric.gpustack.ai/v1\"}}")
+}
+
+/// Nodes `names`, and the observer's ConfigMap holding each one's current
+/// record and the records of `stale` (name, UID of a Node that is not
+/// there): what the observer tests start from. Gives the Nodes' UIDs.
+fn recorded(w: &World, names: &[&str], stale: &[(&str, &str)]) -> Vec<String> {
+    let uids: Vec<String> = names.iter().map(|n| w.api.add_node(n)).collect();
+    let mut data: Map<String, Value> = names
+        .iter()
+        .zip(&uids)
+        .map(|(n, uid)| (n.to_string(), json!(record(uid))))
+        .collect();
+    data.extend(
+        stale
+            .iter()
+            .map(|(n, uid)| (n.to_string(), json!(record(uid)))),
+    );
+    w.owned_configmap(Value::Object(data));
+    uids
+}
+
+/// [`recorded`] Nodes `names`, and the observer past its first
+/// reconciliation (resync: the 10m default).
+fn observing(names: &[&str]) -> (World, Vec<String>, Child) {
+    let w = World::new();
+    let uids = recorded(&w, names, &[]);
+    let obs = w.synced_observer();
+    (w, uids, obs)
+}
+
+/// The observer with its probes on `port` (logging to observer.log).
+fn probed_observer(w: &World, port: u16) -> Child {
+    w.spawn_logged(
+        w.observe()
+            .args(["--health-addr", &format!("127.0.0.1:{port}")]),
+        "observer.log",
+    )
 }
 
 #[test]
@@ -22,10 +59,12 @@ fn observer_creates_the_configmap_with_a_controller_owner_reference_and_exits_0_
     let w = World::new();
     let uid = w.api.add_deployment(NS, OWNER);
     let mut obs = w.observer("observer.log");
-    eventually("the observer created the ConfigMap", || {
-        w.api.configmap(NS, CM).is_some()
-    });
-    let cm = w.api.configmap(NS, CM).unwrap();
+    let cm = wait::until(
+        "the observer created the ConfigMap",
+        || w.api.configmap(NS, CM),
+        Option::is_some,
+    )
+    .unwrap();
     assert_eq!(
         cm["metadata"]["ownerReferences"],
         json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNER, "uid": uid, "controller": true}])
@@ -43,10 +82,11 @@ fn observer_creates_the_configmap_with_a_controller_owner_reference_and_exits_0_
     // A restart adopts its own ConfigMap and changes nothing.
     let before = w.api.configmap(NS, CM).unwrap();
     let mut obs = w.observer("observer2.log");
-    eventually("the restarted observer synced", || {
-        w.read_log("observer2.log")
-            .contains("reconciling every record")
-    });
+    w.await_log(
+        "the restarted observer synced",
+        "observer2.log",
+        "reconciling every record",
+    );
     assert_eq!(w.api.configmap(NS, CM).unwrap(), before);
     assert!(sigterm(&mut obs).success());
 }
@@ -87,38 +127,22 @@ fn observer_without_its_deployment_fails_naming_it() {
 #[test]
 fn running_observer_that_loses_its_configmap_ownership_refuses_it_as_a_restart_would() {
     let w = World::new();
-    let a = w.api.add_node("a");
-    w.owned_configmap(json!({"a": record(&a)}));
-    let mut obs = w
-        .observe()
-        .args(["--resync", "1s", "--log-level", "debug"])
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(w.dir.join("observer.log")).unwrap())
-        .spawn()
-        .unwrap();
-    eventually("the observer synced", || {
-        w.read_log("observer.log")
-            .contains("reconciling every record")
-    });
+    let a = recorded(&w, &["a"], &[]).remove(0);
+    let mut obs = w.spawn_logged(w.observe().args(["--resync", "1s"]), "observer.log");
+    w.synced("observer.log");
     // Someone else's ConfigMap now, with a record whose Node is gone.
     w.api.put_configmap(
         NS,
         CM,
         json!({"data": {"a": record(&a), "gone": record("u-gone")}}),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = obs.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the observer carries on: {}",
-            w.read_log("observer.log")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!status.success());
+    let (status, _) = wait::until_by(
+        Duration::from_secs(20),
+        "the observer to exit (and its log)",
+        || (obs.try_wait().unwrap(), w.read_log("observer.log")),
+        |(status, _)| status.is_some(),
+    );
+    assert!(!status.unwrap().success());
     let log = w.read_log("observer.log");
     assert!(
         log.contains("refusing to adopt") && log.contains("no controller ownerReference"),
@@ -132,14 +156,8 @@ fn running_observer_that_loses_its_configmap_ownership_refuses_it_as_a_restart_w
 
 #[test]
 fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
-    let w = World::new();
-    let (a, b, c) = (
-        w.api.add_node("a"),
-        w.api.add_node("b"),
-        w.api.add_node("c"),
-    );
-    w.owned_configmap(json!({"a": record(&a), "b": record(&b), "c": record(&c)}));
-    let mut obs = w.synced_observer();
+    let (w, uids, mut obs) = observing(&["a", "b", "c"]);
+    let b = &uids[1];
     assert_eq!(
         w.data().len(),
         3,
@@ -148,12 +166,18 @@ fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
 
     w.api.touch_node("a"); // an ordinary update: no reconciliation
     w.api.delete_node("b");
-    eventually("b's record is removed", || !w.data().contains_key("b"));
+    wait::until(
+        "b's record is removed",
+        || w.data(),
+        |d| !d.contains_key("b"),
+    );
     // c is replaced: a new UID under the same name; its broker has not written yet.
     w.api.add_node("c");
-    eventually("c's stale record is removed", || {
-        !w.data().contains_key("c")
-    });
+    wait::until(
+        "c's stale record is removed",
+        || w.data(),
+        |d| !d.contains_key("c"),
+    );
     assert_eq!(w.data().keys().collect::<Vec<_>>(), ["a"]);
     // Every removal was a test-and-remove of the exact value read.
     let removals: Vec<Value> = patches(&w.api)
@@ -162,7 +186,7 @@ fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
         .collect();
     assert_eq!(
         removals[0],
-        json!([{"op": "test", "path": "/data/b", "value": record(&b)}, {"op": "remove", "path": "/data/b"}])
+        json!([{"op": "test", "path": "/data/b", "value": record(b)}, {"op": "remove", "path": "/data/b"}])
     );
     assert!(patches(&w.api)
         .iter()
@@ -173,12 +197,12 @@ fn observer_removes_records_of_deleted_and_replaced_nodes_seen_on_the_watch() {
 #[test]
 fn observer_restart_cleans_deletions_missed_while_it_was_down() {
     let w = World::new();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.owned_configmap(json!({"a": record(&a), "b": record(&b), "never-a-node": record("u-z")}));
+    recorded(&w, &["a", "b"], &[("never-a-node", "u-z")]);
     let mut obs = w.observer("observer.log");
-    eventually(
+    wait::until(
         "the first reconciliation removed the record of a Node that does not exist",
-        || !w.data().contains_key("never-a-node"),
+        || w.data(),
+        |d| !d.contains_key("never-a-node"),
     );
     assert!(sigterm(&mut obs).success());
 
@@ -187,18 +211,17 @@ fn observer_restart_cleans_deletions_missed_while_it_was_down() {
     w.api.add_node("a");
     w.api.compact(); // the history is gone too: only the list tells
     let mut obs = w.observer("observer2.log");
-    eventually("both stale records are removed after the restart", || {
-        w.data().is_empty()
-    });
+    wait::until(
+        "both stale records are removed after the restart",
+        || w.data(),
+        |d| d.is_empty(),
+    );
     assert!(sigterm(&mut obs).success());
 }
 
 #[test]
 fn node_name_reuse_a_replacement_record_written_before_the_observer_sees_the_deletion_stays() {
-    let w = World::new();
-    let old = w.api.add_node("x");
-    w.owned_configmap(json!({"x": record(&old)}));
-    let mut obs = w.synced_observer();
+    let (w, _, mut obs) = observing(&["x"]);
 
     // The observer sees nothing while x is deleted, re-created and its new broker publishes.
     w.api.pause_watches();
@@ -208,11 +231,11 @@ fn node_name_reuse_a_replacement_record_written_before_the_observer_sees_the_del
     assert_eq!(w.record_uid("x").as_deref(), Some(new.as_str()));
     w.api.resume_watches();
     // The observer handles the old Node's deletion: it checks Node x as it is now, and keeps the record.
-    eventually("the observer judged x's record", || {
-        w.read_log("observer.log")
-            .contains("Node x is current, record kept")
-            || !w.data().contains_key("x")
-    });
+    wait::until(
+        "the observer judged x's record",
+        || (w.read_log("observer.log"), w.data()),
+        |(log, d)| log.contains("Node x is current, record kept") || !d.contains_key("x"),
+    );
     assert_eq!(
         w.record_uid("x").as_deref(),
         Some(new.as_str()),
@@ -229,10 +252,7 @@ fn node_name_reuse_a_replacement_record_written_before_the_observer_sees_the_del
 
 #[test]
 fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observer_carries_on() {
-    let w = World::new();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
-    let mut obs = w.synced_observer();
+    let (w, _, mut obs) = observing(&["a", "b"]);
     // Just before the observer's removal lands, someone writes a new value under b.
     w.api.fault(
         "PATCH",
@@ -240,9 +260,11 @@ fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observe
         Action::Before(Box::new(|s| s.set_configmap_key(NS, CM, "b", "rewritten"))),
     );
     w.api.delete_node("b");
-    eventually("the removal was refused", || {
-        patches(&w.api).iter().any(|p| p.status == 422)
-    });
+    wait::until(
+        "the removal was refused",
+        || patches(&w.api),
+        |sent| sent.iter().any(|p| p.status == 422),
+    );
     assert_eq!(
         w.data()["b"],
         "rewritten",
@@ -250,7 +272,11 @@ fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observe
     );
     // Still running and still working.
     w.api.delete_node("a");
-    eventually("a's record is removed", || !w.data().contains_key("a"));
+    wait::until(
+        "a's record is removed",
+        || w.data(),
+        |d| !d.contains_key("a"),
+    );
     assert!(
         w.read_log("observer.log")
             .contains("changed since it was read"),
@@ -262,19 +288,18 @@ fn failed_test_a_record_rewritten_between_read_and_removal_stays_and_the_observe
 
 #[test]
 fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
-    let w = World::new();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
-    let mut obs = w.synced_observer();
+    let (w, _, mut obs) = observing(&["a", "b"]);
     // b's deletion is never delivered: held back, then compacted away, then the watch drops.
     w.api.pause_watches();
     w.api.delete_node("b");
     w.api.compact();
     w.api.resume_watches();
     w.api.drop_watches();
-    eventually("the re-list removed b's record", || {
-        !w.data().contains_key("b")
-    });
+    wait::until(
+        "the re-list removed b's record",
+        || w.data(),
+        |d| !d.contains_key("b"),
+    );
     assert!(
         w.api
             .log()
@@ -288,23 +313,17 @@ fn observer_whose_watch_is_too_old_relists_and_cleans_what_it_missed() {
 
 #[test]
 fn observer_cleanup_transient_error_is_retried_with_backoff_not_left_until_the_resync() {
-    let w = World::new();
-    let (a, b) = (w.api.add_node("a"), w.api.add_node("b"));
-    w.owned_configmap(json!({"a": record(&a), "b": record(&b)}));
-    let mut obs = w.synced_observer(); // resync: the 10m default
-                                       // One plain 500 (not retried by the request policy) on the removal.
+    let (w, _, mut obs) = observing(&["a", "b"]); // resync: the 10m default
+                                                  // One plain 500 (not retried by the request policy) on the removal.
     w.api.fault("PATCH", CM_PATH, Action::Respond(500));
     w.api.delete_node("b");
     // Well before the resync: a hang guard, not a measurement.
-    let deadline = Instant::now() + Duration::from_secs(45);
-    while w.data().contains_key("b") {
-        assert!(
-            Instant::now() < deadline,
-            "the record of deleted Node b is still there: {}",
-            w.read_log("observer.log")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::until_by(
+        Duration::from_secs(45),
+        "the record of deleted Node b removed (and the observer's log)",
+        || (w.data(), w.read_log("observer.log")),
+        |(d, _)| !d.contains_key("b"),
+    );
     assert!(w.data().contains_key("a"));
     assert!(
         patches(&w.api).iter().any(|p| p.status == 500),
@@ -320,16 +339,12 @@ fn observer_is_ready_once_its_first_reconciliation_succeeded() {
     let w = World::new();
     w.api.add_deployment(NS, OWNER);
     let port = free_port();
-    let mut obs = w
-        .observe()
-        .args(["--health-addr", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("the observer is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    let mut obs = probed_observer(&w, port);
+    wait::until(
+        "the observer is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     assert_eq!(probe(port, "/livez"), Some(200));
     assert_eq!(probe(port, "/metrics"), Some(404));
     assert!(sigterm(&mut obs).success());
@@ -345,29 +360,29 @@ fn observer_is_unready_while_its_node_watch_keeps_failing() {
     w.api.add_node("a");
     w.api.add_deployment(NS, OWNER);
     let port = free_port();
-    let mut obs = w
-        .observe()
-        .args(["--health-addr", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    eventually("the observer is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    let mut obs = probed_observer(&w, port);
+    wait::until(
+        "the observer is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     for _ in 0..3 {
         w.api
             .fault_where("GET", "/api/v1/nodes", Some("watch="), Action::Respond(500));
     }
     w.api.drop_watches();
-    eventually("the observer is unready", || {
-        probe(port, "/readyz") == Some(503)
-    });
+    wait::until(
+        "the observer is unready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(503),
+    );
     assert_eq!(probe(port, "/livez"), Some(200));
     // The watch works again: the next event shows it, and it is ready.
     w.api.touch_node("a");
-    eventually("the observer is ready again", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until(
+        "the observer is ready again",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     assert!(sigterm(&mut obs).success());
 }

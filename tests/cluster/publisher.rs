@@ -4,7 +4,8 @@
 
 use super::support::cluster::NS;
 use super::support::os::free_port;
-use super::{eventually, failed, patches, probe, spawn_publisher, World, CM, NRR_PATH};
+use super::support::wait;
+use super::{failed, patches, probe, spawn_publisher, World, CM, NRR_PATH, RAIL_ARGS};
 use serde_json::{json, Value};
 use std::fs;
 use std::path::PathBuf;
@@ -24,25 +25,33 @@ fn interval_publisher_is_unready_while_its_publication_fails_and_ready_after() {
     let port = free_port();
     // The namespace is the account's (the kubeconfig context's).
     let mut publisher = interval_publisher(&w, port, &["--rails-configmap", CM]);
-    eventually("the publisher answers probes", || {
-        probe(port, "/livez") == Some(200)
-    });
+    wait::until(
+        "the publisher answers probes",
+        || probe(port, "/livez"),
+        |code| *code == Some(200),
+    );
     // No ConfigMap yet: every pass fails, the labels are still written.
-    eventually("a pass failed", || {
-        patches(&w.api).iter().any(|p| p.status == 404)
-    });
+    wait::until(
+        "a pass failed",
+        || patches(&w.api),
+        |sent| sent.iter().any(|p| p.status == 404),
+    );
     assert_eq!(probe(port, "/readyz"), Some(503));
     assert!(
         w.dir.join("f/nodefabric").exists(),
         "labels do not wait for the cluster"
     );
     w.owned_configmap(json!({}));
-    eventually("the record is published", || {
-        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
-    });
-    eventually("the publisher is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until(
+        "the record is published",
+        || w.api.data(NS, CM),
+        |d| d.as_ref().is_some_and(|d| d.contains_key("node-a")),
+    );
+    wait::until(
+        "the publisher is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
@@ -53,25 +62,31 @@ fn interval_publisher_of_a_node_rail_record_is_unready_until_the_crd_exists() {
     let uid = w.api.add_node("node-a");
     let port = free_port();
     let mut publisher = interval_publisher(&w, port, &["--rails-record", "custom-resource"]);
-    eventually("the publisher answers probes", || {
-        probe(port, "/livez") == Some(200)
-    });
-    eventually("a pass failed", || {
-        w.api
-            .log()
-            .iter()
-            .any(|l| l.path.starts_with(NRR_PATH) && l.status == 404)
-    });
+    wait::until(
+        "the publisher answers probes",
+        || probe(port, "/livez"),
+        |code| *code == Some(200),
+    );
+    wait::until(
+        "a pass failed",
+        || w.api.log(),
+        |log| {
+            log.iter()
+                .any(|l| l.path.starts_with(NRR_PATH) && l.status == 404)
+        },
+    );
     assert_eq!(probe(port, "/readyz"), Some(503));
     assert!(
         w.dir.join("f/nodefabric").exists(),
         "labels do not wait for the cluster"
     );
     w.api.install_crd();
-    eventually("the record is applied", || w.nrr("node-a").is_some());
-    eventually("the publisher is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until("the record is applied", || w.nrr("node-a"), Option::is_some);
+    wait::until(
+        "the publisher is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     assert_eq!(w.nrr("node-a").unwrap()["spec"]["nodeUID"], uid.as_str());
     // Later passes (one a second) find the record unchanged: neither the
     // Node nor the record is asked for again within the refresh time.
@@ -88,7 +103,17 @@ fn interval_publisher_of_a_node_rail_record_is_unready_until_the_crd_exists() {
         (applies, node_reads)
     };
     let before = count(&w);
-    std::thread::sleep(Duration::from_secs(3)); // three more passes
+    // Three more passes: each reads the record back to see it unchanged
+    // (once the fourth has, the third is over).
+    let read_back = |w: &World| {
+        let path = format!("{NRR_PATH}/node-a");
+        let log = w.api.log();
+        log.iter()
+            .filter(|l| l.method == "GET" && l.path == path)
+            .count()
+    };
+    let reads = read_back(&w);
+    wait::until("three more passes", || read_back(&w), |&n| n > reads + 3);
     assert_eq!(
         count(&w),
         before,
@@ -143,9 +168,7 @@ fn output_within(c: &mut Command, limit: Duration) -> Output {
 
 #[test]
 fn hung_credential_command_fails_the_pass_within_the_api_timeout_and_the_next_interval_runs() {
-    let w = World::new();
-    w.owned_configmap(json!({"node-a": "previous"}));
-    w.api.add_node("node-a");
+    let w = World::holding(json!({"node-a": "previous"}));
     let hung = hung_credential_kubeconfig(&w);
     // A one-shot broker: the Node read waits on the credential command; the
     // API timeout bounds it, credential command included.
@@ -175,46 +198,24 @@ fn hung_credential_command_fails_the_pass_within_the_api_timeout_and_the_next_in
     // the passes completing keep it live.
     let port = free_port();
     let log = fs::File::create(w.dir.join("publisher.log")).unwrap();
-    let mut c = w.nodefabric_as(&hung);
-    c.args(["publish", "--sysfs-root"]).arg(&w.root);
-    for (flag, dir) in [
-        ("--features-dir", "f"),
-        ("--cdi-dir", "cdi"),
-        ("--state-dir", "s"),
-    ] {
-        c.arg(flag).arg(w.dir.join(dir));
-    }
+    let mut c = w.publish_as(&hung, "");
     c.args(["--interval", "1s", "--api-timeout", "1s", "--health-addr"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--lldp-json")
         .arg(w.dir.join("lldp.json"))
-        .args([
-            "--interface-regex",
-            "^eth_r([0-9]+)_p[0-9]+$",
-            "--rail-id",
-            "rail$1",
-            "--sysfs-paths",
-            "--node-name",
-            "node-a",
-            "--rails-configmap",
-            CM,
-        ]);
+        .args(RAIL_ARGS)
+        .args(["--node-name", "node-a", "--rails-configmap", CM]);
     let mut publisher = c.stdout(Stdio::null()).stderr(log).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let failed_passes = || {
-        w.read_log("publisher.log")
-            .lines()
-            .filter(|l| l.contains("publish pass failed") && l.contains("API timeout"))
-            .count()
-    };
-    while failed_passes() < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "the passes stalled: {}",
-            w.read_log("publisher.log")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait::until(
+        "three passes failed on the API timeout",
+        || w.read_log("publisher.log"),
+        |log| {
+            log.lines()
+                .filter(|l| l.contains("publish pass failed") && l.contains("API timeout"))
+                .count()
+                >= 3
+        },
+    );
     assert!(
         w.dir.join("f/nodefabric").exists(),
         "labels do not wait for the API"
@@ -234,43 +235,58 @@ fn server_side_loss_of_the_configmap_record_is_restored_within_an_interval_not_h
     w.owned_configmap(json!({}));
     let port = free_port();
     let mut publisher = interval_publisher(&w, port, &["--rails-configmap", CM]);
-    let has = |w: &World, v: &str| {
-        w.api
-            .data(NS, CM)
-            .and_then(|d| d.get("node-a").cloned())
-            .as_deref()
-            == Some(v)
-    };
-    eventually("the record is published", || {
-        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
-    });
+    let held = |w: &World| w.api.data(NS, CM).and_then(|d| d.get("node-a").cloned());
+    wait::until(
+        "the record is published",
+        || w.api.data(NS, CM),
+        |d| d.as_ref().is_some_and(|d| d.contains_key("node-a")),
+    );
     let published = w.data()["node-a"].clone();
-    eventually("the publisher is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until(
+        "the publisher is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     // The key edited by hand.
     w.api
         .with(|s| s.set_configmap_key(NS, CM, "node-a", "edited by hand"));
-    eventually("the hand edit is overwritten", || has(&w, &published));
+    wait::until(
+        "the hand edit is overwritten",
+        || held(&w),
+        |v| v.as_ref() == Some(&published),
+    );
     // The ConfigMap deleted: the record cannot be written, and readiness says so.
     w.api.delete_configmap(NS, CM);
-    eventually("the publisher is unready", || {
-        probe(port, "/readyz") == Some(503)
-    });
+    wait::until(
+        "the publisher is unready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(503),
+    );
     // Created again, empty (as the observer does): the record comes back.
     w.owned_configmap(json!({}));
-    eventually("the record is restored", || has(&w, &published));
-    eventually("the publisher is ready again", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until(
+        "the record is restored",
+        || held(&w),
+        |v| v.as_ref() == Some(&published),
+    );
+    wait::until(
+        "the publisher is ready again",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     // The Node re-created under a new UID; its old record removed (as the
     // observer does): the broker reads the new UID and writes it.
     let new_uid = w.api.add_node("node-a");
     w.owned_configmap(json!({}));
-    eventually("the record carries the new UID", || {
-        w.api.data(NS, CM).is_some_and(|d| d.contains_key("node-a"))
-            && w.record_uid("node-a").as_deref() == Some(new_uid.as_str())
-    });
+    wait::until(
+        "the record carries the new UID",
+        || held(&w),
+        |v| {
+            v.as_ref().is_some_and(|v| {
+                serde_json::from_str::<Value>(v).unwrap()["nodeUID"] == new_uid.as_str()
+            })
+        },
+    );
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
@@ -283,13 +299,15 @@ fn server_side_loss_of_a_node_rail_record_is_restored_within_an_interval_not_hid
     w.api.install_crd();
     let port = free_port();
     let mut publisher = interval_publisher(&w, port, &["--rails-record", "custom-resource"]);
-    eventually("the record is applied", || w.nrr("node-a").is_some());
+    wait::until("the record is applied", || w.nrr("node-a"), Option::is_some);
     let spec = w.nrr("node-a").unwrap()["spec"].clone();
     // Deleted (or gone with a re-installed CRD): applied again.
     w.api.delete_record("node-a");
-    eventually("the record is applied again", || {
-        w.nrr("node-a").is_some_and(|r| r["spec"] == spec)
-    });
+    wait::until(
+        "the record is applied again",
+        || w.nrr("node-a"),
+        |r| r.as_ref().is_some_and(|r| r["spec"] == spec),
+    );
     // Its spec edited by hand: put back.
     assert!(
         w.api.with(|s| s.edit_record(
@@ -298,22 +316,30 @@ fn server_side_loss_of_a_node_rail_record_is_restored_within_an_interval_not_hid
             json!({"spec": {"railSource": "interface-name"}})
         )) < 300
     );
-    eventually("the hand edit is undone", || {
-        w.nrr("node-a").is_some_and(|r| r["spec"] == spec)
-    });
+    wait::until(
+        "the hand edit is undone",
+        || w.nrr("node-a"),
+        |r| r.as_ref().is_some_and(|r| r["spec"] == spec),
+    );
     // The Node re-created: the garbage collector takes the record, and the
     // broker applies it again owned by the new Node.
     let new_uid = w.api.add_node("node-a");
     w.api.with(|s| s.collect_garbage());
-    eventually("the record is owned by the new Node", || {
-        w.nrr("node-a").is_some_and(|r| {
-            r["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str()
-                && r["spec"]["nodeUID"] == new_uid.as_str()
-        })
-    });
-    eventually("the publisher is ready", || {
-        probe(port, "/readyz") == Some(200)
-    });
+    wait::until(
+        "the record is owned by the new Node",
+        || w.nrr("node-a"),
+        |r| {
+            r.as_ref().is_some_and(|r| {
+                r["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str()
+                    && r["spec"]["nodeUID"] == new_uid.as_str()
+            })
+        },
+    );
+    wait::until(
+        "the publisher is ready",
+        || probe(port, "/readyz"),
+        |code| *code == Some(200),
+    );
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }

@@ -24,7 +24,7 @@
 //! message, except under CI, where it fails.
 
 use crate::support::plugin::{Plugin, RESOURCES};
-use crate::support::{fixtures, host, kubelet};
+use crate::support::{fixtures, host, kubelet, wait};
 
 /// The CRI runtime API, generated from upstream's
 /// `proto/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto`.
@@ -131,12 +131,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "building the image: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        for _ in 0..100 {
-            if dir.join("containerd.sock").exists() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait::until(
+            "containerd's socket",
+            || dir.join("containerd.sock").exists(),
+            |&there| there,
+        );
         let o = c.ctr(&["images", "import", image.to_str().unwrap()]);
         assert!(
             o.status.success(),
@@ -270,18 +269,20 @@ async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdma: &str) -> Prepared {
     cluster.api.add_node("node-a");
     let place = place(dir, cdi_dir, &cluster.dra_kubeconfig, "node-a");
     let driver = Driver::start(&place, &["--interval", "1h"]);
-    let device = std::sync::Mutex::new(String::new());
-    driver.wait_for("the slices", || {
-        let found = cluster.api.with(|s| {
-            s.resource_slices()
-                .iter()
-                .flat_map(|x| x["spec"]["devices"].as_array().cloned().unwrap_or_default())
-                .find(|d| d["attributes"]["rdmaDevice"]["string"] == rdma)
-                .map(|d| d["name"].as_str().unwrap().to_string())
-        });
-        found.map(|n| *device.lock().unwrap() = n).is_some()
-    });
-    let device = device.into_inner().unwrap();
+    let device = wait::until(
+        "the slices",
+        || {
+            cluster.api.with(|s| {
+                s.resource_slices()
+                    .iter()
+                    .flat_map(|x| x["spec"]["devices"].as_array().cloned().unwrap_or_default())
+                    .find(|d| d["attributes"]["rdmaDevice"]["string"] == rdma)
+                    .map(|d| d["name"].as_str().unwrap().to_string())
+            })
+        },
+        Option::is_some,
+    )
+    .unwrap();
     let uid = cluster
         .api
         .with(|s| s.put_claim("default", "one-nic", &[(DRIVER, "node-a", &device, "nic")]));

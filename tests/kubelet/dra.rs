@@ -6,12 +6,12 @@
 
 use crate::support::apiserver::Logged;
 use crate::support::cluster::Cluster;
-use crate::support::dra::{place, Driver, Place, Setup, DRIVER};
+use crate::support::dra::{place, reconciled, reconciles, Driver, Place, Setup, DRIVER};
 use crate::support::fixtures;
 use crate::support::grpcgo::{Answer, GoConn};
-use crate::support::kubelet::within;
 use crate::support::os::http_get;
 use crate::support::published::{publish, Dirs};
+use crate::support::wait::{self, within};
 use nodefabric::dra::api::{v1, v1beta1};
 use nodefabric::kubelet::registration_api::{InfoRequest, PluginInfo, RegistrationStatus};
 use prost::Message;
@@ -47,6 +47,14 @@ fn published_cdi_ids(cdi: &Path) -> Vec<String> {
 
 fn slices(c: &Cluster) -> Vec<Value> {
     c.api.with(|s| s.resource_slices())
+}
+
+/// How many devices `slices` carry together.
+fn device_count(slices: &[Value]) -> usize {
+    slices
+        .iter()
+        .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
+        .sum()
 }
 
 fn slice_writes(log: &[Logged]) -> Vec<&Logged> {
@@ -99,10 +107,13 @@ async fn register(p: &Place) -> PluginInfo {
 async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without_churn() {
     let s = setup();
     let probes = crate::support::os::free_addr();
-    let driver = Driver::start(&s.place, &["--interval", "1s", "--metrics-addr", &probes]);
-    driver.wait_for("the probes", || {
-        std::net::TcpStream::connect(&probes).is_ok()
-    });
+    let _driver = Driver::start(&s.place, &["--interval", "1s", "--metrics-addr", &probes]);
+    wait::until(
+        "the probes",
+        || std::net::TcpStream::connect(&probes).map(drop),
+        Result::is_ok,
+    )
+    .unwrap();
     let (code, why) = http_get(&probes, "/readyz");
     assert_eq!(code, 503);
     assert!(why.contains("not registered with kubelet"), "{why}");
@@ -120,13 +131,11 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
     );
 
     let cdi_ids = published_cdi_ids(&s.dirs.cdi());
-    driver.wait_for("the slices", || {
-        slices(&s.cluster)
-            .iter()
-            .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
-            .sum::<usize>()
-            == cdi_ids.len()
-    });
+    wait::until(
+        "the slices",
+        || slices(&s.cluster),
+        |now| device_count(now) == cdi_ids.len(),
+    );
     let published = slices(&s.cluster);
     assert_eq!(published.len(), 1);
     let slice = &published[0];
@@ -156,9 +165,10 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
         assert_eq!(a["virtualFunction"]["bool"], false);
     }
 
-    // Three intervals later: no write at all.
+    // Three more reconciles (one an interval): no write at all.
+    let listed = reconciles(&s.cluster.api);
     let writes = slice_writes(&s.cluster.api.log()).len();
-    std::thread::sleep(std::time::Duration::from_millis(3200));
+    reconciled(&s.cluster.api, listed, 3);
     let log = s.cluster.api.log();
     assert_eq!(
         slice_writes(&log).len(),
@@ -183,10 +193,18 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
     // kubelet's wipe: restored within an interval, at a later generation.
     let generation = slice["spec"]["pool"]["generation"].as_i64().unwrap();
     wipe(&s.cluster).await;
-    driver.wait_for("the slices restored", || slices(&s.cluster).len() == 1);
+    wait::until(
+        "the slices restored",
+        || slices(&s.cluster),
+        |now| now.len() == 1,
+    );
     let restored = slices(&s.cluster);
     assert!(restored[0]["spec"]["pool"]["generation"].as_i64().unwrap() > generation);
-    driver.wait_for("/readyz 200", || http_get(&probes, "/readyz").0 == 200);
+    wait::until(
+        "/readyz 200",
+        || http_get(&probes, "/readyz"),
+        |r| r.0 == 200,
+    );
     let (_, metrics) = http_get(&probes, "/metrics");
     assert!(metrics.contains("nodefabric_dra_registered 1"), "{metrics}");
 
@@ -194,13 +212,17 @@ async fn the_driver_registers_as_kubelet_dials_it_and_publishes_its_pool_without
     // kubelet's plugin watcher registers the driver again.
     std::fs::remove_file(s.place.registration()).unwrap();
     std::fs::remove_file(s.place.service()).unwrap();
-    driver.wait_for("the sockets served again", || {
-        s.place.registration().exists() && s.place.service().exists()
-    });
+    wait::until(
+        "the sockets served again",
+        || (s.place.registration().exists(), s.place.service().exists()),
+        |both| *both == (true, true),
+    );
     assert_eq!(register(&s.place).await.name, DRIVER);
-    driver.wait_for("/readyz 200 again", || {
-        http_get(&probes, "/readyz").0 == 200
-    });
+    wait::until(
+        "/readyz 200 again",
+        || http_get(&probes, "/readyz"),
+        |r| r.0 == 200,
+    );
 }
 
 /// Deletes every ResourceSlice of the node as kubelet does when it starts:
@@ -226,8 +248,12 @@ async fn wipe(c: &Cluster) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_change_creates_the_new_generation_before_deleting_the_old() {
     let s = setup();
-    let driver = Driver::start(&s.place, &["--interval", "1h"]);
-    driver.wait_for("the first slices", || slices(&s.cluster).len() == 1);
+    let _driver = Driver::start(&s.place, &["--interval", "1h"]);
+    wait::until(
+        "the first slices",
+        || slices(&s.cluster),
+        |now| now.len() == 1,
+    );
     let old_uid = slices(&s.cluster)[0]["metadata"]["uid"]
         .as_str()
         .unwrap()
@@ -241,10 +267,11 @@ async fn a_spec_change_creates_the_new_generation_before_deleting_the_old() {
     let vf = s.dirs.tree("vf");
     fixtures::vf_only(&vf);
     publish(&vf, &s.dirs.cdi());
-    driver.wait_for("the new generation", || {
-        let now = slices(&s.cluster);
-        now.len() == 1 && now[0]["metadata"]["uid"] != old_uid.as_str()
-    });
+    wait::until(
+        "the new generation",
+        || slices(&s.cluster),
+        |now| now.len() == 1 && now[0]["metadata"]["uid"] != old_uid.as_str(),
+    );
     let now = slices(&s.cluster);
     assert_eq!(
         now[0]["spec"]["pool"]["generation"].as_i64().unwrap(),
@@ -293,7 +320,7 @@ fn prepare_request(claims: &[(&str, &str, &str)]) -> v1::NodePrepareResourcesReq
 async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares() {
     let s = setup();
     let driver = Driver::start(&s.place, &["--interval", "1h"]);
-    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    wait::until("the slices", || slices(&s.cluster), |now| now.len() == 1);
     let devices: Vec<Value> = slices(&s.cluster)[0]["spec"]["devices"]
         .as_array()
         .unwrap()
@@ -403,7 +430,11 @@ async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares(
     assert!(place.service().exists() && place.registration().exists());
     std::fs::remove_file(&spec_file).unwrap();
     let driver = Driver::start(&place, &["--interval", "1h"]);
-    driver.wait_for("the claim's spec restored", || spec_file.exists());
+    wait::until(
+        "the claim's spec restored",
+        || spec_file.exists(),
+        |&there| there,
+    );
     register(&place).await;
     let request = v1beta1::NodeUnprepareResourcesRequest {
         claims: vec![v1beta1::Claim {
@@ -439,7 +470,7 @@ async fn an_api_that_answers_500_once_gets_its_slices_at_the_retry() {
         crate::support::apiserver::Action::Respond(500),
     );
     let driver = Driver::start(&s.place, &["--interval", "1h"]);
-    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    wait::until("the slices", || slices(&s.cluster), |now| now.len() == 1);
     let log = driver.log_lines().join("\n");
     assert!(log.contains("retrying with backoff"), "{log}");
 }
@@ -451,8 +482,9 @@ async fn a_server_that_drops_an_attribute_is_said_once_and_not_rewritten_every_i
         .api
         .with(|st| st.drop_device_attribute("linkState"));
     let driver = Driver::start(&s.place, &["--interval", "1s"]);
-    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    wait::until("the slices", || slices(&s.cluster), |now| now.len() == 1);
+    let listed = reconciles(&s.cluster.api);
+    reconciled(&s.cluster.api, listed, 2);
     let posts = slice_writes(&s.cluster.api.log()).len();
     assert_eq!(posts, 1, "{:#?}", slice_writes(&s.cluster.api.log()));
     let said = driver
@@ -472,16 +504,14 @@ async fn a_pool_over_128_devices_is_published_in_slices_the_server_validates() {
         fixtures::large(t, 512);
     });
     let p = place(tmp.path(), &dirs.cdi(), &cluster.dra_kubeconfig, NODE);
-    let driver = Driver::start(&p, &["--interval", "1h"]);
+    let _driver = Driver::start(&p, &["--interval", "1h"]);
     let want = published_cdi_ids(&dirs.cdi()).len();
     assert!(want > 3 * 128, "{want} devices");
-    driver.wait_for("every device", || {
-        slices(&cluster)
-            .iter()
-            .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
-            .sum::<usize>()
-            == want
-    });
+    wait::until(
+        "every device",
+        || slices(&cluster),
+        |now| device_count(now) == want,
+    );
     let all = slices(&cluster);
     let count = all.len() as i64;
     // 64 a slice: the limit once any device carries a taint, so a link
@@ -539,21 +569,26 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
     p.cdi_dir = mounted.clone();
     let probes = crate::support::os::free_addr();
     let driver = Driver::start(&p, &["--interval", "1s", "--metrics-addr", &probes]);
-    driver.wait_for("the slices", || slices(&s.cluster).len() == 1);
+    wait::until("the slices", || slices(&s.cluster), |now| now.len() == 1);
     assert_eq!(http_get(&probes, "/healthz").0, 200);
     let devices = slices(&s.cluster)[0]["spec"]["devices"].clone();
 
     // The host replaces the folder; the mount still holds the deleted one.
     std::fs::remove_dir_all(s.dirs.cdi()).unwrap();
     std::fs::create_dir(s.dirs.cdi()).unwrap();
-    driver.wait_for("/healthz 503", || http_get(&probes, "/healthz").0 == 503);
+    wait::until(
+        "/healthz 503",
+        || http_get(&probes, "/healthz"),
+        |r| r.0 == 503,
+    );
     let (_, why) = http_get(&probes, "/healthz");
     assert!(
         why.contains(&mounted.display().to_string()) && why.contains("deleted on the host"),
         "{why}"
     );
     // Until the kubelet restarts it, the devices stay published.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let listed = reconciles(&s.cluster.api);
+    reconciled(&s.cluster.api, listed, 2);
     assert_eq!(slices(&s.cluster)[0]["spec"]["devices"], devices);
     let (_, log) = driver.terminate();
     assert_eq!(

@@ -7,9 +7,9 @@
 use crate::support::apiserver::Action;
 use crate::support::dra::{Driver, Setup, DRIVER};
 use crate::support::fixtures;
-use crate::support::kubelet::within;
 use crate::support::os::http_get;
 use crate::support::published::publish;
+use crate::support::wait::{self, within};
 use nodefabric::dra::api::v1;
 use nodefabric::kubelet::socket;
 use serde_json::{json, Value};
@@ -82,7 +82,7 @@ pub(crate) fn started(s: &Setup, extra: &[&str]) -> Driver {
     let mut flags = vec!["--interval", "1h"];
     flags.extend_from_slice(extra);
     let driver = Driver::start(&s.place, &flags);
-    driver.wait_for("the slices", || !devices(s).is_empty());
+    wait::until("the slices", || devices(s), |now| !now.is_empty());
     driver
 }
 
@@ -127,8 +127,19 @@ async fn a_hung_api_neither_outlives_kubelets_deadline_nor_blocks_an_unprepare()
     let started_at = Instant::now();
     let pending = tokio::spawn(async move { client.node_prepare_resources(request).await });
 
-    // Meanwhile the running pod's teardown is answered at once.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Meanwhile, with the Prepare hung on a claim's read, the running
+    // pod's teardown is answered at once.
+    wait::until_async(
+        "the Prepare to hang on a claim's read",
+        || {
+            let log = s.cluster.api.log();
+            log.iter()
+                .filter(|l| l.path.contains("/resourceclaims/starting-"))
+                .count()
+        },
+        |&reads| reads > 0,
+    )
+    .await;
     let t = Instant::now();
     let gone = unprepare(&driver, vec![claim("team", "running", &prepared)]).await;
     assert!(
@@ -202,17 +213,20 @@ async fn a_foreign_slice_at_the_largest_generation_neither_crashes_nor_stops_the
     let code = s.cluster.api.with(|st| st.create_slice(foreign.clone()));
     assert_eq!(code, 201);
     let mut driver = Driver::start(&s.place, &["--interval", "1s"]);
-    driver.wait_for("our pool in place of the planted slice", || {
-        let names: Vec<String> = devices(&s).iter().map(name).collect();
-        !names.is_empty() && !names.contains(&"planted-0".to_string())
-    });
+    wait::until(
+        "our pool in place of the planted slice",
+        || devices(&s).iter().map(name).collect::<Vec<String>>(),
+        |names| !names.is_empty() && !names.contains(&"planted-0".to_string()),
+    );
     // Planted again while running: removed at the next interval, and the
     // driver is alive throughout.
     let code = s.cluster.api.with(|st| st.create_slice(foreign));
     assert_eq!(code, 201);
-    driver.wait_for("the planted slice removed again", || {
-        devices(&s).iter().all(|d| name(d) != "planted-0")
-    });
+    wait::until(
+        "the planted slice removed again",
+        || devices(&s).iter().map(name).collect::<Vec<String>>(),
+        |names| names.iter().all(|n| n != "planted-0"),
+    );
     assert!(
         driver.child.try_wait().unwrap().is_none(),
         "{}",
@@ -245,20 +259,29 @@ async fn a_prepared_claims_cdi_spec_deleted_under_it_is_written_back_and_a_gone_
     let spec = s.dirs.cdi().join(format!("nodefabric-claim-{uid}.json"));
     let content = std::fs::read(&spec).unwrap();
     std::fs::remove_file(&spec).unwrap();
-    driver.wait_for("the claim's spec written back", || {
-        std::fs::read(&spec).is_ok_and(|c| c == content)
-    });
-    driver.wait_for("a warning naming the claim", || {
-        driver
-            .log_lines()
-            .iter()
-            .any(|l| l.contains("team/job") && l.contains("written again"))
-    });
+    let restored = |c: &std::io::Result<String>| c.as_ref().is_ok_and(|c| c.as_bytes() == content);
+    wait::until(
+        "the claim's spec written back",
+        || std::fs::read_to_string(&spec),
+        restored,
+    )
+    .unwrap();
+    wait::until(
+        "a warning naming the claim",
+        || driver.log_lines(),
+        |log| {
+            log.iter()
+                .any(|l| l.contains("team/job") && l.contains("written again"))
+        },
+    );
     // Changed under it: put back too.
     std::fs::write(&spec, b"{}").unwrap();
-    driver.wait_for("the claim's spec restored", || {
-        std::fs::read(&spec).is_ok_and(|c| c == content)
-    });
+    wait::until(
+        "the claim's spec restored",
+        || std::fs::read_to_string(&spec),
+        restored,
+    )
+    .unwrap();
 
     // The publisher no longer lists the device (the node now has only VFs):
     // a re-Prepare from the checkpoint is an error naming it, not an ID the
@@ -266,9 +289,11 @@ async fn a_prepared_claims_cdi_spec_deleted_under_it_is_written_back_and_a_gone_
     let vf = tempfile::tempdir().unwrap();
     fixtures::vf_only(vf.path());
     publish(vf.path(), &s.dirs.cdi());
-    driver.wait_for("the new pool", || {
-        devices(&s).iter().all(|d| name(d) != name(&pool[0]))
-    });
+    wait::until(
+        "the new pool",
+        || devices(&s).iter().map(name).collect::<Vec<String>>(),
+        |names| names.iter().all(|n| *n != name(&pool[0])),
+    );
     let again = prepare(&driver, vec![claim("team", "job", &uid)]).await;
     let error = &again[&uid].error;
     assert!(

@@ -4,11 +4,11 @@
 //! device's health on the stream it opens.
 
 use crate::support::apiserver::Logged;
-use crate::support::dra::{Driver, Setup};
+use crate::support::dra::{reconciled, reconciles, Driver, Setup};
 use crate::support::fixtures;
-use crate::support::kubelet::within;
 use crate::support::os::{free_addr, http_get};
 use crate::support::published::publish;
+use crate::support::wait::{self, within};
 use nodefabric::dra::api::health_v1alpha1 as health;
 use nodefabric::kubelet::socket;
 use serde_json::Value;
@@ -21,9 +21,8 @@ fn slices(s: &Setup) -> Vec<Value> {
     s.cluster.api.with(|st| st.resource_slices())
 }
 
-/// Whether the server holds one complete generation of the pool.
-fn complete(s: &Setup) -> bool {
-    let all = slices(s);
+/// Whether `all` (the server's slices) are one complete generation of the pool.
+fn complete(all: &[Value]) -> bool {
     !all.is_empty()
         && all
             .iter()
@@ -59,13 +58,6 @@ fn writes(log: &[Logged]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// How many times the driver has listed its slices (once per reconcile).
-fn lists(log: &[Logged]) -> usize {
-    log.iter()
-        .filter(|l| l.method == "GET" && l.path.ends_with("/resourceslices"))
-        .count()
-}
-
 /// Sets every port of the tree's first RDMA device (by name) up or down,
 /// as the kernel would report it.
 fn set_link(tree: &Path, up: bool) -> String {
@@ -92,8 +84,8 @@ fn set_link(tree: &Path, up: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_link_taints_its_device_by_rewriting_one_slice_at_the_same_generation() {
     let s = Setup::on(NODE, "large", |t| fixtures::large(t, 512));
-    let driver = Driver::start(&s.place, &["--interval", "1s"]);
-    driver.wait_for("the pool", || complete(&s));
+    let _driver = Driver::start(&s.place, &["--interval", "1s"]);
+    wait::until("the pool", || slices(&s), |now| complete(now));
     let before = slices(&s);
     assert!(before.len() > 1, "a pool of several slices");
     assert!(tainted(&s).is_empty());
@@ -103,7 +95,7 @@ async fn a_failing_link_taints_its_device_by_rewriting_one_slice_at_the_same_gen
     let tree = s.dirs.tree("large");
     set_link(&tree, false);
     publish(&tree, &s.dirs.cdi());
-    driver.wait_for("the taint", || tainted(&s).len() == 1);
+    wait::until("the taint", || tainted(&s), |now| now.len() == 1);
     let (_, taint) = &tainted(&s)[0];
     assert_eq!(taint["effect"], "NoSchedule");
     assert!(taint["value"].as_str().unwrap().contains("DOWN"), "{taint}");
@@ -121,16 +113,14 @@ async fn a_failing_link_taints_its_device_by_rewriting_one_slice_at_the_same_gen
 
     // Three more reconciles write nothing: the server's timeAdded is not a
     // change.
-    let listed = lists(&log);
-    driver.wait_for("three more reconciles", || {
-        lists(&s.cluster.api.log()) >= listed + 3
-    });
+    let listed = reconciles(&s.cluster.api);
+    reconciled(&s.cluster.api, listed, 3);
     assert_eq!(writes(&s.cluster.api.log()).len(), written + 1);
 
     // Recovery lifts it, again in place.
     set_link(&tree, true);
     publish(&tree, &s.dirs.cdi());
-    driver.wait_for("the taint lifted", || tainted(&s).is_empty());
+    wait::until("the taint lifted", || tainted(&s), Vec::is_empty);
     let change = writes(&s.cluster.api.log())[written..].to_vec();
     assert_eq!(change.len(), 2, "{change:?}");
     assert!(change.iter().all(|(m, _)| m == "PUT"), "{change:?}");
@@ -142,12 +132,10 @@ async fn a_server_with_the_taint_gate_off_drops_the_taints_is_told_once_and_not_
     s.cluster.api.with(|st| st.disable_device_taints());
     let probes = free_addr();
     let driver = Driver::start(&s.place, &["--interval", "1s", "--metrics-addr", &probes]);
-    driver.wait_for("the pool", || complete(&s));
+    wait::until("the pool", || slices(&s), |now| complete(now));
     let written = writes(&s.cluster.api.log()).len();
-    let listed = lists(&s.cluster.api.log());
-    driver.wait_for("three more reconciles", || {
-        lists(&s.cluster.api.log()) >= listed + 3
-    });
+    let listed = reconciles(&s.cluster.api);
+    reconciled(&s.cluster.api, listed, 3);
     assert_eq!(
         writes(&s.cluster.api.log()).len(),
         written,
@@ -183,11 +171,11 @@ async fn a_server_with_the_taint_gate_off_drops_the_taints_is_told_once_and_not_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_no_execute_effect_is_used_only_when_asked_for() {
     let s = Setup::on(NODE, "ports-down", |d| fixtures::all_ports_down(d, true));
-    let driver = Driver::start(
+    let _driver = Driver::start(
         &s.place,
         &["--interval", "1h", "--failed-link-taint", "no-execute"],
     );
-    driver.wait_for("the taint", || tainted(&s).len() == 1);
+    wait::until("the taint", || tainted(&s), |now| now.len() == 1);
     assert_eq!(tainted(&s)[0].1["effect"], "NoExecute");
 }
 
@@ -205,7 +193,7 @@ async fn next(
 async fn kubelet_hears_a_failed_link_on_the_health_stream_and_again_on_recovery() {
     let s = Setup::new(NODE);
     let driver = Driver::start(&s.place, &["--interval", "1h"]);
-    driver.wait_for("the pool", || complete(&s));
+    wait::until("the pool", || slices(&s), |now| complete(now));
     // As kubelet opens it after registration: authority localhost, no
     // deadline (a stream for the plugin's lifetime).
     let mut client = health::dra_resource_health_client::DraResourceHealthClient::new(

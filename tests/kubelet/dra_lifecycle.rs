@@ -7,10 +7,11 @@ use crate::dra_faults::{claim, devices, name, prepare, started, unprepare};
 use crate::support::apiserver::Action;
 use crate::support::dra::{Driver, Setup, DRIVER};
 use crate::support::os::http_get;
+use crate::support::wait;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODE: &str = "node-a";
 
@@ -32,18 +33,13 @@ fn claim_spec(s: &Setup, uid: &str) -> PathBuf {
 
 /// Waits (bounded) for the driver to exit on its own.
 fn exit_of(driver: &mut Driver, within: Duration) -> ExitStatus {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(status) = driver.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < until,
-            "still running after {within:?}; log:\n{}",
-            driver.log_lines().join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait::until_by(
+        within,
+        "the driver to exit on its own",
+        || driver.child.try_wait().unwrap(),
+        Option::is_some,
+    )
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,9 +87,15 @@ async fn stale_claims_are_swept_and_a_claim_whose_read_fails_is_left_alone() {
         st.delete_claim("team", "unreadable");
     });
     let held = |uid: &str| checkpoint_json(&s)["claims"].get(uid).is_some();
-    driver.wait_for("the stale claims dropped from the checkpoint", || {
-        !held(&gone) && !held(&replaced) && !held(&moved)
-    });
+    wait::until(
+        "the stale claims dropped from the checkpoint",
+        || checkpoint_json(&s)["claims"].clone(),
+        |claims| {
+            [&gone, &replaced, &moved]
+                .iter()
+                .all(|u| claims.get(u).is_none())
+        },
+    );
     for uid in [&gone, &replaced, &moved] {
         assert!(!claim_spec(&s, uid).exists(), "{uid}'s CDI spec remains");
     }
@@ -110,9 +112,11 @@ async fn stale_claims_are_swept_and_a_claim_whose_read_fails_is_left_alone() {
         );
     }
     // Once its read succeeds, the deleted claim goes too; the live one stays.
-    driver.wait_for("the unreadable claim swept once read", || {
-        !held(&unreadable)
-    });
+    wait::until(
+        "the unreadable claim swept once read",
+        || checkpoint_json(&s)["claims"].clone(),
+        |claims| claims.get(&unreadable).is_none(),
+    );
     assert!(!claim_spec(&s, &unreadable).exists());
     assert!(held(&kept) && claim_spec(&s, &kept).exists());
 }
@@ -151,14 +155,18 @@ async fn a_second_driver_on_the_same_state_dir_exits_naming_the_holder_or_waits_
     // A rolling update's new pod waits, serving nothing, until the old one
     // has gone; then it answers from the same checkpoint.
     let third = Driver::start(&s.place, &["--interval", "1h", "--lock-wait", "60s"]);
-    third.wait_for("the third to wait for the lock", || {
-        third.log_lines().iter().any(|l| l.contains("waiting"))
-    });
+    wait::until(
+        "the third to wait for the lock",
+        || third.log_lines(),
+        |log| log.iter().any(|l| l.contains("waiting")),
+    );
     let (status, _) = first.terminate();
     assert!(status.success());
-    third.wait_for("the third to serve", || {
-        third.log_lines().iter().any(|l| l.contains("serving"))
-    });
+    wait::until(
+        "the third to serve",
+        || third.log_lines(),
+        |log| log.iter().any(|l| l.contains("serving")),
+    );
     assert_eq!(
         unprepare(&third, vec![claim("team", "job", &uid)]).await,
         [(uid.clone(), String::new())]
@@ -190,9 +198,11 @@ async fn a_v1_checkpoint_is_upgraded_in_place_and_its_claims_are_kept() {
         .api
         .with(|st| st.put_claim_as("team", "legacy", V1_UID, &[(DRIVER, NODE, &device, "nic")]));
     let driver = started(&s, &["--sweep-interval", "1s"]);
-    driver.wait_for("the checkpoint rewritten as v2", || {
-        checkpoint_json(&s)["format"] == "dra.nodefabric.gpustack.ai/v2"
-    });
+    wait::until(
+        "the checkpoint rewritten as v2",
+        || checkpoint_json(&s),
+        |c| c["format"] == "dra.nodefabric.gpustack.ai/v2",
+    );
     let v2 = checkpoint_json(&s);
     assert_eq!(v2["claims"][V1_UID]["driver"], DRIVER, "{v2}");
     assert_eq!(
@@ -278,10 +288,18 @@ fn a_socket_that_stops_answering_fails_liveness(which: fn(&Driver) -> PathBuf) {
         &s,
         &["--metrics-addr", &probes, "--socket-check-interval", "1s"],
     );
-    driver.wait_for("/healthz 200", || http_get(&probes, "/healthz").0 == 200);
+    wait::until(
+        "/healthz 200",
+        || http_get(&probes, "/healthz"),
+        |r| r.0 == 200,
+    );
     let socket = which(&driver);
     shut_listener(driver.child.id(), &socket);
-    driver.wait_for("/healthz 503", || http_get(&probes, "/healthz").0 == 503);
+    wait::until(
+        "/healthz 503",
+        || http_get(&probes, "/healthz"),
+        |r| r.0 == 503,
+    );
     let (_, why) = http_get(&probes, "/healthz");
     assert!(why.contains(&socket.display().to_string()), "{why}");
     // The file is still in place: only a dial tells.

@@ -4,10 +4,11 @@
 //! the test then calls the plugin over its Unix sockets. The CDI specs are
 //! written by the real `nodefabric publish` on fixture trees.
 
-use crate::support::kubelet::{within, Kubelet};
+use crate::support::kubelet::Kubelet;
 use crate::support::os::{free_addr, http_get, make_fifo};
 use crate::support::plugin::Plugin;
 use crate::support::published::{publish, Dirs};
+use crate::support::wait::{self, within};
 use crate::support::{fixtures, mount};
 use nodefabric::plugin::api::{self, device_plugin_client::DevicePluginClient};
 use std::path::Path;
@@ -396,6 +397,7 @@ async fn allocate_hands_over_cdi_devices_and_nccl_ib_hca_and_refuses_unknown_ids
 #[tokio::test]
 async fn flags_drop_families_and_switch_to_cdi_annotations() {
     let d = Dirs::published("gpu8", fixtures::gpu8_switch_paired);
+    let addr = free_addr();
     let (mut kubelet, plugin) = Plugin::beside_kubelet(
         &d,
         &[
@@ -404,12 +406,15 @@ async fn flags_drop_families_and_switch_to_cdi_annotations() {
             "--cdi-annotations",
             "--resource-prefix",
             "rdma.example.com",
+            "--metrics-addr",
+            &addr,
         ],
     );
     let regs = kubelet.registrations(1).await;
     assert_eq!(regs[0].resource_name, "rdma.example.com/rdma");
-    // Nothing else registers, and no other socket is served.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing else registers, and no other socket is served: ready means
+    // every resource it serves is registered.
+    ready(&addr).await;
     assert!(kubelet.registered.try_recv().is_err());
     assert!(!d.kubelet().join(SHARED).exists() && !d.kubelet().join(PARTITIONED).exists());
     let req = api::AllocateRequest {
@@ -496,8 +501,9 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
 
     // The whole-interface spec is torn after serving: its tokens stay (kubelet
     // checkpointed them) and allocation still resolves them.
-    std::fs::write(d.cdi().join("nodefabric-rdma.json"), "not json").unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let whole = d.cdi().join("nodefabric-rdma.json");
+    std::fs::write(&whole, "not json").unwrap();
+    logged(&plugin, "the torn spec", &whole.display().to_string()).await;
     assert_eq!(list_once(&plugin, EXCLUSIVE).await.len(), 2);
     let req = api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
@@ -508,7 +514,6 @@ async fn a_malformed_spec_is_logged_and_skipped_while_the_other_family_serves() 
 
     let (_, log) = plugin.terminate();
     let vf = d.cdi().join("nodefabric-rdma-vf.json");
-    let whole = d.cdi().join("nodefabric-rdma.json");
     assert!(log.contains(&vf.display().to_string()), "{log}");
     assert!(log.contains(&whole.display().to_string()), "{log}");
 }
@@ -573,8 +578,8 @@ async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_
     ];
     for (cause, make) in hostile {
         swap_spec(&cdi, make);
-        // Several poll ticks and the file event have passed over it.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // A look has found it (the warning names the cause).
+        logged(&plugin, cause, cause).await;
         // Still serving every call, with every token it had.
         assert_eq!(
             summary(&list_once(&plugin, EXCLUSIVE).await),
@@ -625,9 +630,13 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
     kubelet.registrations(3).await;
     let mut stream = plugin.watch(EXCLUSIVE).await;
     assert_eq!(next_list(&mut stream).await.len(), 2);
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let reloads = "nodefabric_plugin_spec_reloads_total{family=\"gpustack.ai/rdma\"} 1";
-    assert!(http_get(&addr, "/metrics").1.lines().any(|l| l == reloads));
+    wait::until_async(
+        "one reload counted",
+        || http_get(&addr, "/metrics").1,
+        |m| m.lines().any(|l| l == reloads),
+    )
+    .await;
     let settled = plugin.log_lines().len();
     // Longer than the default poll interval (10 s): the tick only stats.
     tokio::time::sleep(Duration::from_secs(11)).await;
@@ -698,7 +707,12 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
     // The host replaces the folder; the mount still holds the deleted one.
     std::fs::remove_dir_all(d.cdi()).unwrap();
     std::fs::create_dir(d.cdi()).unwrap();
-    eventually("/healthz 503", || http_get(&addr, "/healthz").0 == 503).await;
+    wait::until_async(
+        "/healthz 503",
+        || http_get(&addr, "/healthz"),
+        |r| r.0 == 503,
+    )
+    .await;
     let (_, why) = http_get(&addr, "/healthz");
     assert!(
         why.contains(&mounted.display().to_string()) && why.contains("deleted on the host"),
@@ -727,7 +741,12 @@ async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
     // out of the old mount's sight.
     std::fs::remove_dir_all(d.kubelet()).unwrap();
     std::fs::create_dir(d.kubelet()).unwrap();
-    eventually("/healthz 503", || http_get(&addr, "/healthz").0 == 503).await;
+    wait::until_async(
+        "/healthz 503",
+        || http_get(&addr, "/healthz"),
+        |r| r.0 == 503,
+    )
+    .await;
     let (_, why) = http_get(&addr, "/healthz");
     assert!(
         why.contains("the kubelet folder") && why.contains(&mounted.display().to_string()),
@@ -760,7 +779,7 @@ async fn a_device_name_outside_the_cdi_grammar_is_skipped_with_one_warning() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    logged(&plugin, "the refused name", "CDI does not allow").await;
     let (_, log) = plugin.terminate();
     assert_eq!(log.matches("CDI does not allow").count(), 1, "{log}");
 }
@@ -783,18 +802,24 @@ async fn ready_with_probes(
         &["--metrics-addr", &addr, "--poll-interval", "100ms"],
     );
     kubelet.registrations(3).await;
-    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    ready(&addr).await;
     (kubelet, plugin, addr)
 }
 
-/// Polls `f` until it returns true, failing after [`kubelet::WAIT`].
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    within(what, async {
-        while !f() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
+/// Waits until the probes on `addr` say ready: every resource the plugin
+/// serves is registered and every spec readable.
+async fn ready(addr: &str) {
+    wait::until_async("/readyz 200", || http_get(addr, "/readyz"), |r| r.0 == 200).await;
+}
+
+/// Waits until the plugin has logged a line containing `text` (`what`).
+async fn logged(plugin: &Plugin, what: &str, text: &str) {
+    wait::until_async(
+        what,
+        || plugin.log_lines(),
+        |log| log.iter().any(|l| l.contains(text)),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -806,10 +831,13 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
         &d.cdi(),
         &["--metrics-addr", &addr, "--poll-interval", "100ms"],
     );
-    eventually("the HTTP server", || {
-        std::net::TcpStream::connect(&addr).is_ok()
-    })
-    .await;
+    wait::until_async(
+        "the HTTP server",
+        || std::net::TcpStream::connect(&addr).map(drop),
+        Result::is_ok,
+    )
+    .await
+    .unwrap();
     assert_eq!(http_get(&addr, "/healthz").0, 200);
     let (status, body) = http_get(&addr, "/readyz");
     assert_eq!(status, 503, "no kubelet: not ready");
@@ -820,7 +848,7 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
 
     let mut kubelet = Kubelet::start(&d.kubelet());
     kubelet.registrations(3).await;
-    eventually("/readyz 200", || http_get(&addr, "/readyz").0 == 200).await;
+    ready(&addr).await;
     let _stream = plugin.watch(EXCLUSIVE).await;
     let req = api::AllocateRequest {
         container_requests: vec![api::ContainerAllocateRequest {
@@ -846,12 +874,20 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
     // The spec turns into a FIFO: not ready (naming it), alive, counted once.
     swap_spec(&d.cdi(), make_fifo);
     let spec = d.cdi().join("nodefabric-rdma.json").display().to_string();
-    eventually("/readyz 503", || http_get(&addr, "/readyz").0 == 503).await;
+    wait::until_async("/readyz 503", || http_get(&addr, "/readyz"), |r| r.0 == 503).await;
     assert!(http_get(&addr, "/readyz").1.contains(&spec));
     assert_eq!(http_get(&addr, "/healthz").0, 200);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let metrics = http_get(&addr, "/metrics").1;
-    let errors = "nodefabric_plugin_spec_read_errors_total{family=\"gpustack.ai/rdma\",cause=\"not_regular\"} 1";
+    let counted = "nodefabric_plugin_spec_read_errors_total{family=\"gpustack.ai/rdma\",cause=\"not_regular\"} ";
+    let kept =
+        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2";
+    // One look both counts the error and (after it) settles the tokens.
+    let metrics = wait::until_async(
+        "the read error counted and the tokens settled",
+        || http_get(&addr, "/metrics").1,
+        |m| m.lines().any(|l| l.starts_with(counted)) && m.lines().any(|l| l == kept),
+    )
+    .await;
+    let errors = format!("{counted}1");
     assert!(metrics.lines().any(|l| l == errors), "{metrics}");
     assert!(
         metrics
@@ -860,9 +896,7 @@ async fn probes_and_metrics_follow_registration_spec_health_and_calls() {
         "{metrics}"
     );
     // The tokens it had are still counted (and served).
-    assert!(metrics.contains(
-        "nodefabric_plugin_tokens{resource=\"device.gpustack.ai/rdma\",health=\"Healthy\"} 2"
-    ));
+    assert!(metrics.contains(kept));
 }
 
 #[tokio::test]
@@ -915,12 +949,11 @@ async fn a_client_that_stops_reading_is_hung_up_while_a_slow_one_keeps_its_strea
         "the slow reader saw every change"
     );
 
-    eventually("the stuck client's connection to be closed", || {
-        plugin
-            .log_lines()
-            .iter()
-            .any(|l| l.contains("closing its connection"))
-    })
+    logged(
+        &plugin,
+        "the stuck client's connection to be closed",
+        "closing its connection",
+    )
     .await;
     // Reading now finds the connection gone, not a list.
     let ended = within("the stuck stream to fail", async {
@@ -996,6 +1029,7 @@ fn out_of_range_flags_are_usage_errors_naming_the_flag_and_every_flag_has_an_env
 #[tokio::test]
 async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
     let d = Dirs::published("n", fixtures::no_accelerator);
+    let addr = free_addr();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let child = Command::new(env!("CARGO_BIN_EXE_nodefabric-device-plugin"))
         .env("NODEFABRIC_KUBELET_DIR", d.kubelet())
@@ -1004,6 +1038,7 @@ async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
         .env("NODEFABRIC_NO_PARTITIONED", "1")
         .env("NODEFABRIC_RESOURCE_PREFIX", "env.example.com")
         .args(["--resource-prefix", "flag.example.com"])
+        .args(["--metrics-addr", &addr])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -1015,7 +1050,7 @@ async fn flags_from_the_environment_are_taken_and_the_command_line_wins() {
     };
     let regs = kubelet.registrations(1).await;
     assert_eq!(regs[0].resource_name, "flag.example.com/rdma");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    ready(&addr).await;
     assert!(
         kubelet.registered.try_recv().is_err(),
         "shared and partitioned are off"
@@ -1101,8 +1136,7 @@ async fn a_kubelet_restart_that_reuses_the_inode_of_kubelet_sock_is_followed_by_
     // kubelet stops and its socket's inode is freed; the new kubelet binds
     // at once, and on ext4 the freed inode is usually handed out again. The
     // plugin's sockets stay where they are.
-    kubelet.stop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    kubelet.stopped().await;
     std::fs::remove_file(&sock).unwrap();
     let mut kubelet = Kubelet::start(&d.kubelet());
     let after = std::fs::metadata(&sock).unwrap().ino();
@@ -1203,7 +1237,12 @@ async fn a_spec_whose_shared_list_exceeds_kubelets_4_mib_message_limit_is_refuse
     // kubelet (4 MiB per message by default) would reject.
     let size = grow_spec(&d.cdi(), 2500);
     assert!(size < 2 << 20, "{size} bytes: under the default spec cap");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    logged(
+        &plugin,
+        "the oversized list refused",
+        "bytes kubelet accepts in one message",
+    )
+    .await;
     let quiet = tokio::time::timeout(Duration::from_millis(200), shared.message()).await;
     assert!(
         quiet.is_err(),
@@ -1219,7 +1258,12 @@ async fn a_spec_whose_shared_list_exceeds_kubelets_4_mib_message_limit_is_refuse
     // the same way, once.
     let size = grow_spec(&d.cdi(), 6000);
     assert!(size > 2 << 20, "{size}");
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    logged(
+        &plugin,
+        "the spec refused for its size",
+        "larger than the 2097152-byte cap",
+    )
+    .await;
     assert_eq!(list_once(&plugin, SHARED).await.len(), 128);
     let peak = plugin.memory_kib("VmHWM:");
     assert!(peak < 48 * 1024, "peak RSS {peak} KiB");

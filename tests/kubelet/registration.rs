@@ -6,7 +6,7 @@
 //! crate refuses to build such a request.
 
 use crate::support::grpcgo::{self, Answer, GoConn, PROTOCOL_ERROR};
-use crate::support::kubelet::within;
+use crate::support::wait::within;
 use nodefabric::kubelet::registration_api::{
     registration_server::{Registration, RegistrationServer},
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,

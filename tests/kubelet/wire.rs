@@ -13,9 +13,9 @@
 use crate::support::dra::{Driver, Setup, DRIVER, KUBELET_DRA_DEADLINE};
 use crate::support::fixtures;
 use crate::support::grpcgo::{encode_authority, Answer, GoConn};
-use crate::support::kubelet::within;
 use crate::support::plugin::Plugin;
 use crate::support::published::Dirs;
+use crate::support::wait::within;
 use nodefabric::dra::api::{v1, v1beta1};
 use nodefabric::kubelet::registration_api::registration_server;
 use nodefabric::plugin::api as dp;

@@ -6,7 +6,7 @@
 //! derives one-to-one from the CDI devices), and preflight names the kept fact.
 
 use crate::support::os::{free_port, make_fifo};
-use crate::support::{fixtures, host, mount};
+use crate::support::{fixtures, host, mount, wait};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -981,19 +981,11 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
         "--health-addr",
         &health,
     ]);
-    let until = |what: &str, ok: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !ok() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting until {what}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    };
-    until("a pass published", &|| {
-        http_get(port, "/readyz").is_some_and(|(s, _)| s == 200)
-    });
+    wait::until(
+        "a pass published",
+        || http_get(port, "/readyz"),
+        |r| r.as_ref().is_some_and(|(s, _)| *s == 200),
+    );
     assert_eq!(http_get(port, "/livez").unwrap().0, 200);
     assert!(
         fs::read_dir(&host_cdi).unwrap().next().is_some(),
@@ -1002,9 +994,11 @@ fn a_folder_deleted_on_the_host_under_the_publishers_mount_fails_liveness_naming
     // The host replaces the folder: the mount still holds the deleted one.
     fs::remove_dir_all(&host_cdi).unwrap();
     fs::create_dir(&host_cdi).unwrap();
-    until("liveness fails", &|| {
-        http_get(port, "/livez").is_some_and(|(s, _)| s == 503)
-    });
+    wait::until(
+        "liveness fails",
+        || http_get(port, "/livez"),
+        |r| r.as_ref().is_some_and(|(s, _)| *s == 503),
+    );
     let (_, why) = http_get(port, "/livez").unwrap();
     assert!(
         why.contains(mounted) && why.contains("deleted on the host"),

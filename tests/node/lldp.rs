@@ -8,11 +8,10 @@
 //! Without them the test is skipped with a message, except under CI, where
 //! it fails.
 
-use crate::support::{fixtures, host};
+use crate::support::{fixtures, host, wait};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// `None` when the test can run, or why it cannot.
 fn missing() -> Option<String> {
@@ -101,29 +100,29 @@ impl Lab {
         self.daemons.push(child);
     }
 
-    /// Polls lldpctl until every port has a neighbour (bounded: 20 s).
+    /// Polls lldpctl until every port has a neighbour.
     fn wait_for_neighbours(&self, ports: &[&str]) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let o = Command::new("lldpctl")
-                .arg("-u")
-                .arg(self.socket(&self.host))
-                .args(["-f", "json"])
-                .output()
-                .unwrap();
-            if o.status.success() {
-                let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-                let seen = nodefabric::rails::lldp::interfaces(&v).unwrap();
-                if ports.iter().all(|p| seen.contains(*p)) {
-                    return v;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no LLDP neighbours on {ports:?} after 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        wait::until(
+            &format!("LLDP neighbours on {ports:?}"),
+            || {
+                let o = Command::new("lldpctl")
+                    .arg("-u")
+                    .arg(self.socket(&self.host))
+                    .args(["-f", "json"])
+                    .output()
+                    .unwrap();
+                o.status
+                    .success()
+                    .then(|| serde_json::from_slice::<Value>(&o.stdout).unwrap())
+            },
+            |v| {
+                v.as_ref().is_some_and(|v| {
+                    let seen = nodefabric::rails::lldp::interfaces(v).unwrap();
+                    ports.iter().all(|p| seen.contains(*p))
+                })
+            },
+        )
+        .unwrap()
     }
 }
 
@@ -203,24 +202,19 @@ fn real_lldpd_neighbours_become_rails() {
     let _ = Command::new("ip")
         .args(["-n", &host, "link", "del", "eth_r2_p0"])
         .status();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let single = loop {
-        let o = Command::new("lldpctl")
-            .arg("-u")
-            .arg(lab.socket(&host))
-            .args(["-f", "json"])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-        if v["lldp"]["interface"].is_object() {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "lldpctl still lists several neighbours: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    };
+    let single = wait::until(
+        "lldpctl to list one neighbour",
+        || {
+            let o = Command::new("lldpctl")
+                .arg("-u")
+                .arg(lab.socket(&host))
+                .args(["-f", "json"])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Value>(&o.stdout).unwrap()
+        },
+        |v| v["lldp"]["interface"].is_object(),
+    );
     assert!(
         single["lldp"]["interface"].get("eth_r0_p0").is_some(),
         "{single}"

@@ -5,7 +5,7 @@
 //! `remove-hook` put it there and take it away without NFD ever seeing a
 //! partial file.
 
-use crate::support::{fixtures, host};
+use crate::support::{fixtures, host, wait};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -508,11 +508,7 @@ fn install_hook_wait_holds_until_sigterm_and_leaves_removal_to_the_pre_stop() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = std::time::Instant::now();
-    while !hook.exists() {
-        assert!(start.elapsed() < Duration::from_secs(20), "never installed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait::until("the hook installed", || hook.exists(), |&there| there);
     // Still holding: the pod stays until it is deleted.
     assert!(child
         .wait_timeout(Duration::from_millis(200))

@@ -3,12 +3,14 @@
 //! kubeconfig for the API stand-in.
 #![allow(dead_code)]
 
+use super::apiserver::ApiServer;
+use super::wait;
 use nodefabric::dra::api::{v1, v1beta1};
 use nodefabric::kubelet::socket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::transport::Channel;
 
 /// The driver name the tests run with.
@@ -105,20 +107,6 @@ impl Driver {
         self.log.lock().unwrap().clone()
     }
 
-    /// Waits (at most 15 s) until `done` holds, panicking with the log.
-    pub fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
-        let until = Instant::now() + Duration::from_secs(15);
-        while !done() {
-            if Instant::now() > until {
-                panic!(
-                    "timed out waiting for {what}; log:\n{}",
-                    self.log_lines().join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
     /// A v1 DRA client on the service socket, calling as kubelet does:
     /// authority `localhost`, each call with kubelet's deadline.
     pub async fn v1(&self) -> v1::dra_plugin_client::DraPluginClient<AsKubelet> {
@@ -157,7 +145,31 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failed wait or assertion shows what the driver said meanwhile.
+        if std::thread::panicking() {
+            eprintln!("driver log:\n{}", self.log_lines().join("\n"));
+        }
     }
+}
+
+/// How many reconciles the drivers on `api` have begun: each first lists
+/// its node's ResourceSlices, once.
+pub fn reconciles(api: &ApiServer) -> usize {
+    api.log()
+        .iter()
+        .filter(|l| l.method == "GET" && l.path.ends_with("/resourceslices"))
+        .count()
+}
+
+/// Waits until `n` reconciles after the `since`th have run to their end
+/// (the one after them has begun): what a test waits for before it
+/// asserts that the driver wrote nothing meanwhile.
+pub fn reconciled(api: &ApiServer, since: usize, n: usize) {
+    wait::until(
+        &format!("{n} more reconciles after {since}"),
+        || reconciles(api),
+        |&begun| begun > since + n,
+    );
 }
 
 /// A Place in `dir` for `node`, with the CDI folder `cdi_dir`.

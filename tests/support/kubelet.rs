@@ -2,26 +2,16 @@
 //! `kubelet.sock` and hands each registration to the test or benchmark.
 #![allow(dead_code)]
 
+use super::wait::within;
 use nodefabric::kubelet::socket;
 use nodefabric::plugin::api::{
     self,
     registration_server::{Registration, RegistrationServer},
 };
 use std::path::Path;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
-
-/// How long any single wait may take before the caller fails instead of hanging.
-pub const WAIT: Duration = Duration::from_secs(15);
-
-/// Waits for `fut`, panicking (not hanging) after [`WAIT`].
-pub async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
 
 /// Serves `Registration` and hands each request to the test.
 struct StandIn(mpsc::UnboundedSender<api::RegisterRequest>);
@@ -76,5 +66,12 @@ impl Kubelet {
     /// Stops serving (the socket file stays, as after a kubelet crash).
     pub fn stop(self) {
         self.server.abort();
+    }
+
+    /// [`Kubelet::stop`], once the listener is closed: a kubelet that
+    /// binds next may be handed the freed inode.
+    pub async fn stopped(self) {
+        self.server.abort();
+        let _ = self.server.await;
     }
 }

@@ -19,3 +19,4 @@ pub mod os;
 pub mod plugin;
 pub mod published;
 pub mod snapshots;
+pub mod wait;

@@ -35,7 +35,7 @@ pub fn free_addr() -> String {
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(super::kubelet::WAIT)).unwrap();
+    s.set_read_timeout(Some(super::wait::WAIT)).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
