@@ -588,7 +588,7 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
     );
     // Until the kubelet restarts it, the devices stay published.
     let listed = reconciles(&s.cluster.api);
-    reconciled(&s.cluster.api, listed, 2);
+    reconciled(&s.cluster.api, listed, 1);
     assert_eq!(slices(&s.cluster)[0]["spec"]["devices"], devices);
     let (_, log) = driver.terminate();
     assert_eq!(
