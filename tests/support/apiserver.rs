@@ -98,6 +98,19 @@ pub enum Action {
     Hang,
     /// Change the state first (as another client would have), then serve.
     Before(Box<dyn FnOnce(&mut State) + Send>),
+    /// Answer with this status code to every matching request until
+    /// [`ApiServer::clear_faults`] removes it (an outage of unknown length,
+    /// so a test need not guess how many reads happen meanwhile).
+    Failing(u16),
+}
+
+/// Takes the fault at `at` for one request: a [`Action::Failing`] stays for
+/// the next request, every other fault is used up.
+fn take(faults: &mut Vec<Fault>, at: usize) -> Action {
+    match faults[at].action {
+        Action::Failing(code) => Action::Respond(code),
+        _ => faults.remove(at).action,
+    }
 }
 
 struct Fault {
@@ -460,6 +473,13 @@ impl ApiServer {
         });
     }
 
+    /// Removes every fault left for `method` on `path` (ends an
+    /// [`Action::Failing`] outage).
+    pub fn clear_faults(&self, method: &str, path: &str) {
+        let method: Method = method.parse().unwrap();
+        self.with(|s| s.faults.retain(|f| f.method != method || f.path != path));
+    }
+
     /// Holds back watch events from now on (they are still recorded).
     pub fn pause_watches(&self) {
         self.with(|s| s.paused_at = Some(s.rv));
@@ -756,10 +776,10 @@ async fn serve(
             let at = s.faults.iter().position(|f| {
                 f.method == method
                     && f.path == path
-                    && matches!(f.action, Action::Respond(_))
+                    && matches!(f.action, Action::Respond(_) | Action::Failing(_))
                     && f.query.as_deref().is_some_and(|q| query.contains(q))
             });
-            match at.map(|i| s.faults.remove(i).action) {
+            match at.map(|i| take(&mut s.faults, i)) {
                 Some(Action::Respond(code)) => {
                     log(&mut s, code);
                     Some(status(
@@ -805,8 +825,8 @@ async fn serve(
                 && f.path == path
                 && f.query.as_deref().is_none_or(|q| query.contains(q))
         });
-        let injected = at.map(|i| s.faults.remove(i)).and_then(|f| match f.action {
-            Action::Respond(code) => {
+        let injected = at.map(|i| take(&mut s.faults, i)).and_then(|a| match a {
+            Action::Respond(code) | Action::Failing(code) => {
                 let reason = match code {
                     403 => "Forbidden",
                     410 => "Expired",
