@@ -10,7 +10,8 @@
 //!    timers and verdicts) looks at the files off the runtime thread, checks
 //!    kubelet's folders were not deleted under the mount, and lets the
 //!    plugin serve, register or reconcile what the look left due;
-//! 5. on the shutdown signal, the plugin's own stop (its sockets removed).
+//! 5. on the shutdown signal, even while the plugin waits on kubelet, the
+//!    plugin's own stop (its sockets removed).
 
 use super::probes::{self, ProbeError, Probes};
 use super::watch::{FolderWatch, Wake};
@@ -77,7 +78,8 @@ pub trait KubeletPlugin {
     /// under the mount, why the plugin is stale.
     fn looked(&mut self, seen: Self::Seen, kubelet_stale: Option<String>);
     /// Serves, registers or reconciles what is due after the look; failures
-    /// are the plugin's to log and retry.
+    /// are the plugin's to log and retry. Dropped unfinished when the
+    /// shutdown signal comes first.
     fn keep_current(&mut self) -> impl Future<Output = ()>;
     /// Resolves on the plugin's own wakes (a backoff ended, an interval
     /// ticked, kubelet's verdict); cancelled at every other wake, so it
@@ -117,7 +119,13 @@ where
         plugin.noticed(&folders);
         // Look first so a fresh registration starts from the current files.
         look(&mut plugin).await?;
-        plugin.keep_current().await;
+        // A signal stops a registration kubelet does not answer (Register
+        // has no deadline): the plugin's partial work is dropped, its
+        // sockets with it, and its stop runs as after any wake.
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = plugin.keep_current() => {}
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             wake = folders.next() => if wake == Wake::Event {
@@ -201,6 +209,8 @@ mod tests {
         stale: Option<Option<String>>,
         stopped: Arc<AtomicUsize>,
         panic: bool,
+        /// keep_current never ends, like a Register kubelet never answers.
+        hang: bool,
     }
 
     impl KubeletPlugin for Counting {
@@ -235,6 +245,9 @@ mod tests {
         }
         async fn keep_current(&mut self) {
             self.kept += 1;
+            if self.hang {
+                std::future::pending::<()>().await
+            }
         }
         async fn wake(&mut self) {
             std::future::pending::<()>().await
@@ -246,7 +259,7 @@ mod tests {
         }
     }
 
-    fn counting(panic: bool) -> (Counting, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    fn counting(panic: bool, hang: bool) -> (Counting, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let looks = Arc::new(AtomicUsize::new(0));
         let stopped = Arc::new(AtomicUsize::new(0));
         let plugin = Counting {
@@ -256,13 +269,14 @@ mod tests {
             stale: None,
             stopped: stopped.clone(),
             panic,
+            hang,
         };
         (plugin, looks, stopped)
     }
 
     #[tokio::test]
     async fn the_loop_looks_on_every_wake_and_stops_the_plugin_on_shutdown() {
-        let (plugin, looks, stopped) = counting(false);
+        let (plugin, looks, stopped) = counting(false, false);
         let seen = looks.clone();
         // Shut down once the poll tick has made a few looks.
         let shutdown = async move {
@@ -285,7 +299,7 @@ mod tests {
     async fn a_taken_probe_port_or_a_look_that_panics_stops_the_loop_with_its_name() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
-        let (plugin, looks, _) = counting(false);
+        let (plugin, looks, _) = counting(false, false);
         let e = run(
             Some((addr, Arc::new(Quiet))),
             async { Ok(plugin) },
@@ -300,7 +314,7 @@ mod tests {
         );
         assert_eq!(looks.load(Ordering::SeqCst), 0, "nothing ran");
 
-        let (plugin, _, stopped) = counting(true);
+        let (plugin, _, stopped) = counting(true, false);
         let dir = plugin.dir.path().to_path_buf();
         let e = run(
             None::<(SocketAddr, Arc<Quiet>)>,
@@ -315,5 +329,31 @@ mod tests {
             "{e}"
         );
         assert_eq!(stopped.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_signal_stops_the_plugin_while_kubelet_does_not_answer() {
+        let (plugin, looks, stopped) = counting(false, true);
+        let seen = looks.clone();
+        // The signal comes once the first look is done and the plugin is
+        // stuck in keep_current.
+        let shutdown = async move {
+            while seen.load(Ordering::SeqCst) < 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            run(
+                None::<(SocketAddr, Arc<Quiet>)>,
+                async { Ok(plugin) },
+                shutdown,
+            ),
+        )
+        .await
+        .expect("the signal ends the loop")
+        .unwrap();
+        assert_eq!(looks.load(Ordering::SeqCst), 1);
+        assert_eq!(stopped.load(Ordering::SeqCst), 1);
     }
 }
