@@ -205,7 +205,7 @@ mod tests {
     struct Counting {
         dir: tempfile::TempDir,
         looks: Arc<AtomicUsize>,
-        kept: usize,
+        kept: Arc<AtomicUsize>,
         stale: Option<Option<String>>,
         stopped: Arc<AtomicUsize>,
         panic: bool,
@@ -244,7 +244,7 @@ mod tests {
             self.stale = Some(kubelet_stale);
         }
         async fn keep_current(&mut self) {
-            self.kept += 1;
+            self.kept.fetch_add(1, Ordering::SeqCst);
             if self.hang {
                 std::future::pending::<()>().await
             }
@@ -254,29 +254,32 @@ mod tests {
         }
         fn stop(self) {
             assert_eq!(self.stale, Some(None), "the folder is in place");
-            assert!(self.kept >= 1);
             self.stopped.fetch_add(1, Ordering::SeqCst);
         }
     }
 
-    fn counting(panic: bool, hang: bool) -> (Counting, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    /// The plugin, and its counts of looks, keeps and stops.
+    type Counts = (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+    fn counting(panic: bool, hang: bool) -> (Counting, Counts) {
         let looks = Arc::new(AtomicUsize::new(0));
+        let kept = Arc::new(AtomicUsize::new(0));
         let stopped = Arc::new(AtomicUsize::new(0));
         let plugin = Counting {
             dir: tempfile::tempdir().unwrap(),
             looks: looks.clone(),
-            kept: 0,
+            kept: kept.clone(),
             stale: None,
             stopped: stopped.clone(),
             panic,
             hang,
         };
-        (plugin, looks, stopped)
+        (plugin, (looks, kept, stopped))
     }
 
     #[tokio::test]
     async fn the_loop_looks_on_every_wake_and_stops_the_plugin_on_shutdown() {
-        let (plugin, looks, stopped) = counting(false, false);
+        let (plugin, (looks, kept, stopped)) = counting(false, false);
         let seen = looks.clone();
         // Shut down once the poll tick has made a few looks.
         let shutdown = async move {
@@ -292,6 +295,7 @@ mod tests {
         .await
         .unwrap();
         assert!(looks.load(Ordering::SeqCst) >= 3);
+        assert!(kept.load(Ordering::SeqCst) >= 2, "kept after each look");
         assert_eq!(stopped.load(Ordering::SeqCst), 1);
     }
 
@@ -299,7 +303,7 @@ mod tests {
     async fn a_taken_probe_port_or_a_look_that_panics_stops_the_loop_with_its_name() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
-        let (plugin, looks, _) = counting(false, false);
+        let (plugin, (looks, _, _)) = counting(false, false);
         let e = run(
             Some((addr, Arc::new(Quiet))),
             async { Ok(plugin) },
@@ -314,7 +318,7 @@ mod tests {
         );
         assert_eq!(looks.load(Ordering::SeqCst), 0, "nothing ran");
 
-        let (plugin, _, stopped) = counting(true, false);
+        let (plugin, (_, _, stopped)) = counting(true, false);
         let dir = plugin.dir.path().to_path_buf();
         let e = run(
             None::<(SocketAddr, Arc<Quiet>)>,
@@ -333,12 +337,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_signal_stops_the_plugin_while_kubelet_does_not_answer() {
-        let (plugin, looks, stopped) = counting(false, true);
-        let seen = looks.clone();
-        // The signal comes once the first look is done and the plugin is
-        // stuck in keep_current.
+        let (plugin, (looks, kept, stopped)) = counting(false, true);
+        let stuck = kept.clone();
+        // The signal comes once the plugin is stuck in keep_current.
         let shutdown = async move {
-            while seen.load(Ordering::SeqCst) < 1 {
+            while stuck.load(Ordering::SeqCst) < 1 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
@@ -354,6 +357,7 @@ mod tests {
         .expect("the signal ends the loop")
         .unwrap();
         assert_eq!(looks.load(Ordering::SeqCst), 1);
+        assert_eq!(kept.load(Ordering::SeqCst), 1);
         assert_eq!(stopped.load(Ordering::SeqCst), 1);
     }
 }
