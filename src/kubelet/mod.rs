@@ -13,6 +13,7 @@
 pub mod args;
 pub mod authority;
 pub mod chain;
+pub mod command;
 pub mod conn;
 pub mod plugin_loop;
 pub mod probes;
