@@ -15,6 +15,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::{info, warn};
 
+/// Every path the probe server answers, for the docs that must name them.
+pub const ENDPOINTS: [&str; 4] = ["/livez", "/healthz", "/readyz", "/metrics"];
+
 /// The content type of the OpenMetrics text format, which Prometheus reads.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -139,6 +142,11 @@ mod tests {
         drop(taken);
 
         let server = serve(addr, Arc::new(Stub)).await.unwrap();
+        for path in ENDPOINTS {
+            let answer = get(addr, path).await;
+            assert!(!answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        }
+        assert!(get(addr, "/nothing").await.starts_with("HTTP/1.1 404"));
         assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         let ready = get(addr, "/readyz").await;
