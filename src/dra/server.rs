@@ -327,7 +327,12 @@ impl KubeletPlugin for Driver {
         }
     }
 
-    /// The background tasks first, then the sockets; the slices stay.
+    /// In order: 1. the sweep and the self-check stop, so no claim is
+    /// unprepared and no liveness verdict written while the driver goes;
+    /// 2. both sockets stop and are removed, so kubelet sees the driver
+    /// gone; 3. nothing more: the slices stay for the next driver to take
+    /// over unchanged (kubelet removes them when the driver is gone for
+    /// good), and the state-folder lock goes when `run` returns.
     fn stop(mut self) {
         for task in &self.background {
             task.abort();
