@@ -52,6 +52,21 @@ pub fn duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, Du
     Ok(d)
 }
 
+/// The shortest `--api-timeout` any binary takes: below a second an API
+/// server under load times out every request, and `0s` fails them all.
+pub const API_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+/// The longest `--api-timeout`: past ten minutes a hung API server holds a
+/// pass, a Prepare or a kubectl read for longer than anyone waits.
+pub const API_TIMEOUT_MAX: Duration = Duration::from_secs(600);
+
+/// Parses `--api-timeout`, the same flag of `nodefabric`, `kubectl
+/// nodefabric` and `nodefabric-dra`: one grammar and one range
+/// ([`API_TIMEOUT_MIN`] to [`API_TIMEOUT_MAX`]); each binary keeps its
+/// own default.
+pub fn parse_api_timeout(s: &str) -> Result<Duration, DurationError> {
+    duration_in(s, API_TIMEOUT_MIN, API_TIMEOUT_MAX)
+}
+
 /// Accepts a label key prefix: a DNS subdomain (RFC 1123), at most 253 characters.
 pub fn parse_namespace(s: &str) -> Result<String, NamespaceError> {
     let label_ok = |l: &str| {
@@ -127,7 +142,27 @@ pub fn is_cdi_device_name(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_api_uid, is_cdi_device_name, parse_driver_name, DRIVER_NAME_MAX};
+    use super::{
+        is_api_uid, is_cdi_device_name, parse_api_timeout, parse_driver_name, DurationError,
+        DRIVER_NAME_MAX,
+    };
+    use std::time::Duration;
+
+    #[test]
+    fn api_timeout_takes_one_second_to_ten_minutes_and_names_the_bounds() {
+        assert_eq!(parse_api_timeout("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_api_timeout("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_api_timeout("10m"), Ok(Duration::from_secs(600)));
+        for out in ["0s", "999ms", "10m 1s", "1h"] {
+            let e = parse_api_timeout(out).unwrap_err();
+            assert!(matches!(e, DurationError::OutOfRange { .. }), "{out}: {e}");
+            assert!(e.to_string().ends_with("give 1s to 10m"), "{e}");
+        }
+        assert!(matches!(
+            parse_api_timeout("soon"),
+            Err(DurationError::Unparsable { .. })
+        ));
+    }
 
     #[test]
     fn a_claim_uid_that_would_climb_out_of_the_cdi_folder_is_not_an_api_uid() {

@@ -181,6 +181,17 @@ pub fn remove_stale_temps(dir: &Path, names: &[&str]) {
     }
 }
 
+/// Removes the file at `path`: true when one was removed, false when none
+/// was there, which is what a removal wants (kubelet, an operator or a
+/// predecessor may have removed it first).
+pub fn remove_if_present(path: &Path) -> std::io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why one of `dirs` (each with what it is for: "the CDI folder") can take
 /// nothing until this process restarts: it was deleted on the host while
 /// mounted here (see [`crate::mounts`]).
@@ -301,9 +312,9 @@ pub fn write_cdi(dir: &Path, specs: &CdiFiles) -> Vec<PublishError> {
                 Ok(false) => {}
                 Err(e) => failed.push(e),
             },
-            None => match fs::remove_file(&path) {
-                Ok(()) => info!("removed {}: no endpoints left", path.display()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            None => match remove_if_present(&path) {
+                Ok(true) => info!("removed {}: no endpoints left", path.display()),
+                Ok(false) => {}
                 Err(e) => failed.push(io("removing", &path)(e)),
             },
         }

@@ -44,8 +44,8 @@ pub struct BrokerArgs {
     pub service_account_dir: PathBuf,
 
     /// How long to wait for each answer of the API server before the pass
-    /// fails (nothing is changed then).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// fails (nothing is changed then; 1s to 10m).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::names::parse_api_timeout)]
     pub api_timeout: Duration,
 
     /// The form of the cluster-wide record: `configmap`, this node's key of

@@ -49,8 +49,8 @@ pub struct ClusterRailsArgs {
     #[arg(long, value_name = "NAMESPACE/NAME", default_value = "nodefabric/nodefabric-rails", value_parser = super::cluster_args::parse_configmap)]
     pub rails_configmap: ConfigMapRef,
 
-    /// How long the whole read may take.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    /// How long the whole read may take (1s to 10m).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::names::parse_api_timeout)]
     pub api_timeout: Duration,
 
     /// The service-account folder for the in-cluster client (KUBECONFIG wins).

@@ -56,10 +56,7 @@ pub fn write(
 
 /// Removes the claim's spec; one already gone is no error.
 pub fn remove(cdi_dir: &Path, claim_uid: &str) -> std::io::Result<()> {
-    match std::fs::remove_file(cdi_dir.join(file_name(claim_uid))) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    publish::remove_if_present(&cdi_dir.join(file_name(claim_uid))).map(drop)
 }
 
 #[cfg(test)]

@@ -1,12 +1,15 @@
 //! The `nodefabric-dra` command line. Kept in the library so the deploy
 //! tests can parse manifests' container args with the real parser.
 
-use super::server::{self, Config};
+use super::server::{self, Config, RunError};
 use super::taints::FailedEffect;
-use crate::kubelet::args::PluginArgs;
-use crate::kubelet::signals;
-use crate::names::{duration_in, parse_driver_name, parse_node_name, DurationError};
+use crate::kubelet::args::{CdiDirArg, PluginArgs};
+use crate::kubelet::command::{self, PluginCommand, Shutdown};
+use crate::names::{
+    duration_in, parse_api_timeout, parse_driver_name, parse_node_name, DurationError,
+};
 use clap::Parser;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,6 +30,9 @@ use std::time::Duration;
 /// (a flag on the command line wins), as a DaemonSet usually does.
 #[derive(Debug, Parser)]
 #[command(name = "nodefabric-dra", version = crate::VERSION)]
+#[command(mut_arg("cdi_dir", |a| a.help(
+    "Where `nodefabric publish` writes its CDI specs; the driver adds one small spec per prepared claim there"
+)))]
 pub struct DraCli {
     /// This node's name (the Node object's, from the downward API).
     #[arg(long, env = "NODE_NAME", value_name = "NAME", value_parser = parse_node_name)]
@@ -43,15 +49,9 @@ pub struct DraCli {
     )]
     pub kubelet_root_dir: PathBuf,
 
-    /// Where `nodefabric publish` writes its CDI specs; the driver adds one
-    /// small spec per prepared claim there.
-    #[arg(
-        long,
-        env = "NODEFABRIC_CDI_DIR",
-        default_value = "/var/run/cdi",
-        value_name = "DIR"
-    )]
-    pub cdi_dir: PathBuf,
+    /// `--cdi-dir`.
+    #[command(flatten)]
+    pub cdi: CdiDirArg,
 
     /// Where the prepared claims are checkpointed (keep it across restarts).
     #[arg(
@@ -166,10 +166,6 @@ fn parse_socket_check(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(3600))
 }
 
-fn parse_api_timeout(s: &str) -> Result<Duration, DurationError> {
-    duration_in(s, Duration::from_secs(1), Duration::from_secs(600))
-}
-
 impl DraCli {
     /// The server configuration this command line asks for.
     pub fn config(&self) -> Config {
@@ -177,7 +173,7 @@ impl DraCli {
             node_name: self.node_name.clone(),
             driver: self.driver_name.clone(),
             kubelet_root: self.kubelet_root_dir.clone(),
-            cdi_dir: self.cdi_dir.clone(),
+            cdi_dir: self.cdi.cdi_dir.clone(),
             state_dir: self.state_dir.clone(),
             rails_file: self.rails_file.clone(),
             interval: self.interval,
@@ -193,10 +189,24 @@ impl DraCli {
     }
 }
 
+impl PluginCommand for DraCli {
+    type Config = Config;
+    type Error = RunError;
+
+    fn common(&self) -> &PluginArgs {
+        &self.common
+    }
+
+    fn server_config(&self) -> Config {
+        self.config()
+    }
+
+    fn serve(config: Config, shutdown: Shutdown) -> impl Future<Output = Result<(), RunError>> {
+        server::run(config, shutdown)
+    }
+}
+
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
-    let cli = DraCli::parse();
-    signals::run_until_shutdown(cli.common.log_level, |shutdown| {
-        server::run(cli.config(), shutdown)
-    })
+    command::main::<DraCli>()
 }

@@ -4,8 +4,8 @@
 //! flickers with a half-written file would move devices between claims'
 //! selectors).
 
+use crate::kubelet::specs::file::Fingerprint;
 use crate::rails::RailRecord;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 /// A rail record larger than this is refused: a node's rails fit in far less.
@@ -15,8 +15,9 @@ pub const MAX_BYTES: u64 = 4 << 20;
 #[derive(Debug)]
 pub struct RailsFile {
     path: PathBuf,
-    /// (device, inode, size, mtime in ns) at the last read.
-    seen: Option<(u64, u64, u64, i128)>,
+    /// The file's fingerprint at the last read: the one the CDI specs use,
+    /// so a rewrite within one mtime tick is seen by its change time.
+    seen: Option<Fingerprint>,
     record: Option<RailRecord>,
     error: Option<String>,
 }
@@ -49,12 +50,7 @@ impl RailsFile {
                 return false;
             }
         };
-        let stamp = (
-            meta.dev(),
-            meta.ino(),
-            meta.len(),
-            i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-        );
+        let stamp = Fingerprint::of(&meta);
         if self.seen == Some(stamp) {
             return false;
         }

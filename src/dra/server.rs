@@ -1,7 +1,8 @@
 //! The long-running part of the DRA driver: its two sockets in kubelet's
 //! folders, and the loop that keeps the pool, the sockets and the
 //! ResourceSlices current. The kubelet-plugin runtime ([`crate::kubelet`])
-//! does the sockets, the watch and the probes; this file composes them.
+//! does the sockets, the watch, the probes and the loop
+//! ([`crate::kubelet::plugin_loop`]); this file fills the loop in.
 //!
 //! Each wake (a file event in the CDI folder or kubelet's folders, the poll
 //! tick, the reconcile interval, kubelet's registration verdict) the loop
@@ -32,22 +33,22 @@ use super::taints::{FailedEffect, TaintRule};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
 use crate::cluster::ClusterError;
-use crate::kubelet::probes::{self, ProbeError};
+use crate::kubelet::plugin_loop::{self, KubeletPlugin, Look, LoopError, Watched};
 use crate::kubelet::quiet::Quiet;
 use crate::kubelet::registration_api::registration_server::RegistrationServer;
 use crate::kubelet::restart::Retry;
-use crate::kubelet::servers::Servers;
+use crate::kubelet::servers::{Front, Servers};
 use crate::kubelet::socket::SocketError;
-use crate::kubelet::specs::{self, Change, Loader};
-use crate::kubelet::watch::{FolderWatch, Wake};
+use crate::kubelet::specs::{self, Change, Loader, Outcome};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tonic::service::Routes;
-use tracing::{info, warn};
+use tracing::info;
 
 /// What the driver serves and where.
 #[derive(Debug, Clone)]
@@ -109,9 +110,9 @@ impl Config {
 /// Why the driver stopped before a shutdown signal.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The probe server could not listen (names the address).
-    #[error("--metrics-addr {0}")]
-    Probes(ProbeError),
+    /// The shared loop stopped: the probe port is taken, or a look panicked.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
     /// No API client could be made (no kubeconfig, no service account).
     #[error(transparent)]
     Client(#[from] ClusterError),
@@ -129,14 +130,6 @@ pub enum RunError {
     /// The checkpoint is of a format this release does not read.
     #[error(transparent)]
     Checkpoint(#[from] LoadError),
-    /// The look at the CDI specs panicked.
-    #[error("reading the CDI specs in {path}: {cause}")]
-    Look {
-        /// The CDI folder.
-        path: PathBuf,
-        /// What the blocking task's join said.
-        cause: tokio::task::JoinError,
-    },
 }
 
 /// The first and the longest wait before a failed reconcile or socket is
@@ -168,193 +161,89 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // rolling update's old pod still holds): one driver per state folder.
     let _lock = StateLock::acquire(&config.state_dir, config.lock_wait).await?;
     let observed = Arc::new(Observed::new());
-    let _probes = match config.metrics_addr {
-        Some(addr) => Some(
-            probes::serve(addr, observed.clone())
-                .await
-                .map_err(RunError::Probes)?,
-        ),
-        None => None,
-    };
-    let settings = Settings {
-        timeout: Some(config.api_timeout),
-        ..Settings::default()
-    };
-    let api = tokio::time::timeout(config.api_timeout, client::connect(&settings))
-        .await
-        .map_err(|_| ClusterError::SetupTimedOut {
-            what: "starting the DRA driver".into(),
-            after: config.api_timeout,
-        })??;
-
-    let mut files: Vec<PathBuf> = Family::ALL
-        .iter()
-        .map(|f| config.cdi_dir.join(f.file_name()))
-        .collect();
-    files.extend([registration.clone(), service.clone()]);
-    files.extend(config.rails_file.clone());
-    let mut folders_watched = vec![
-        config.cdi_dir.clone(),
-        registration.parent().unwrap().to_path_buf(),
-        service.parent().unwrap().to_path_buf(),
-    ];
-    if let Some(parent) = config.rails_file.as_ref().and_then(|f| f.parent()) {
-        folders_watched.push(parent.to_path_buf());
-    }
-    let folder_refs: Vec<&std::path::Path> = folders_watched.iter().map(|p| p.as_path()).collect();
-    let (mut folders, watch_error) = FolderWatch::new(&folder_refs, files, config.poll_interval);
-    if let Some(e) = watch_error {
-        warn!(
-            "file watching unavailable, polling every {:?}: {e}",
-            config.poll_interval
-        );
-    }
-
-    let (pool_tx, pool_rx) = watch::channel(Arc::new(Pool::default()));
-    let preparer = Arc::new(Preparer::open(
-        Options {
-            driver: config.driver.clone(),
-            node_name: config.node_name.clone(),
-            cdi_dir: config.cdi_dir.clone(),
-            state_dir: config.state_dir.clone(),
-            api_timeout: config.api_timeout,
-        },
-        api.clone(),
-        pool_rx,
-        observed.clone(),
-    )?);
-    let background = [
-        tokio::spawn(sweep_every(preparer.clone(), config.sweep_interval)),
-        tokio::spawn(selfcheck::watch(
-            registration.clone(),
-            service.clone(),
-            config.socket_check_interval,
-            observed.clone(),
-        )),
-    ];
-    let (verdict_tx, mut verdicts) = mpsc::unbounded_channel();
-    let mut driver = Driver {
-        reconciler: Reconciler::new(
-            api,
-            &config.node_name,
-            TaintRule {
-                driver: config.driver.clone(),
-                effect: config.failed_link_taint,
-            },
-        ),
-        loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
-        rails: config.rails_file.clone().map(RailsFile::new),
-        published: Published::new(),
-        config,
-        observed,
-        pool: pool_tx,
-        servers: None,
-        quiet: Quiet::default(),
-        serve_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
-        reconcile_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
-        stale: true,
-        failed: false,
-    };
-    let mut interval = tokio::time::interval(driver.config.interval);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-    loop {
-        folders.rearm();
-        driver.look(&preparer).await?;
-        driver.keep_serving(&preparer, &verdict_tx);
-        if driver.stale && (!driver.failed || driver.reconcile_retry.due(None)) {
-            driver.reconcile().await;
-        }
-        tokio::select! {
-            _ = &mut shutdown => break,
-            wake = folders.next() => if wake == Wake::Event {
-                folders.settle().await;
-            },
-            _ = interval.tick() => driver.stale = true,
-            Some(verdict) = verdicts.recv() => {
-                let registered = verdict == Verdict::Registered;
-                driver.observed.registered(registered);
-                // kubelet deletes a driver's slices when it (re)starts.
-                driver.stale |= registered;
-            }
-            _ = driver.reconcile_retry.wait(), if driver.failed => {}
-            _ = driver.serve_retry.wait(), if driver.servers.is_none() => {}
-        }
-    }
-    info!("shutting down");
-    for task in &background {
-        task.abort();
-    }
-    drop(driver.servers.take());
-    Ok(())
+    let probes = config.metrics_addr.map(|addr| (addr, observed.clone()));
+    plugin_loop::run(probes, Driver::start(config, observed), shutdown).await
 }
 
-/// Sweeps stale claims at start and every `every` after: a pod
-/// force-deleted while the node was down is never unprepared by kubelet.
-async fn sweep_every(preparer: Arc<Preparer>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        preparer.sweep().await;
-    }
-}
-
-/// What the loop keeps between wakes.
-struct Driver {
-    config: Config,
-    observed: Arc<Observed>,
-    reconciler: Reconciler,
-    /// Taken while a look runs off the runtime thread, put back after.
-    loader: Option<Loader>,
+/// What one look read, carried back from the blocking thread.
+struct Seen {
+    /// The loader, put back.
+    loader: Loader,
+    /// The rail record, put back.
     rails: Option<RailsFile>,
-    /// The specs as last read; an unreadable family keeps its last.
-    published: Published,
-    /// The pool Prepare reads.
-    pool: watch::Sender<Arc<Pool>>,
-    servers: Option<Servers>,
-    quiet: Quiet,
-    serve_retry: Retry,
-    reconcile_retry: Retry,
-    /// The slices may differ from the pool: reconcile.
-    stale: bool,
-    /// The last reconcile failed: the next waits for the backoff.
-    failed: bool,
+    /// What the loader found.
+    outcome: Outcome,
+    /// The rail record's content changed.
+    rails_changed: bool,
 }
 
-impl Driver {
-    /// Reads what changed in the CDI folder and the rail record, publishes
-    /// a changed pool, and puts back any prepared claim's CDI spec that is
-    /// missing or changed (a clean-up of the CDI folder must not break the
-    /// next container restart of a running pod).
-    async fn look(&mut self, preparer: &Arc<Preparer>) -> Result<(), RunError> {
-        let preparer = preparer.clone();
-        let mut loader = self.loader.take().expect("put back after every look");
-        let mut rails = self.rails.take();
-        let kubelet_folders = [
+impl KubeletPlugin for Driver {
+    type Error = RunError;
+    type Seen = Seen;
+
+    fn cdi_dir(&self) -> &Path {
+        &self.config.cdi_dir
+    }
+
+    fn watched(&self) -> Watched {
+        let config = &self.config;
+        let (registration, service) = (config.registration_socket(), config.service_socket());
+        let mut files: Vec<PathBuf> = Family::ALL
+            .iter()
+            .map(|f| config.cdi_dir.join(f.file_name()))
+            .collect();
+        let mut folders = vec![config.cdi_dir.clone()];
+        folders.extend(self.kubelet_folders());
+        files.extend([registration, service]);
+        files.extend(config.rails_file.clone());
+        if let Some(parent) = config.rails_file.as_ref().and_then(|f| f.parent()) {
+            folders.push(parent.to_path_buf());
+        }
+        Watched { folders, files }
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.config.poll_interval
+    }
+
+    fn kubelet_folders(&self) -> Vec<PathBuf> {
+        [
             self.config.registration_socket(),
             self.config.service_socket(),
-        ];
-        // Off the runtime thread: file I/O must never stall the gRPC servers.
-        let (loader, rails, mut outcome, rails_changed, kubelet_stale) =
-            tokio::task::spawn_blocking(move || {
-                let outcome = loader.load();
-                preparer.restore_specs();
-                let rails_changed = rails.as_mut().is_some_and(RailsFile::look);
-                // kubelet's folders too: a socket served in the host's old
-                // folder is never found by kubelet.
-                let stale = kubelet_folders
-                    .iter()
-                    .filter_map(|socket| socket.parent())
-                    .find(|dir| crate::mounts::deleted_in_place(dir))
-                    .map(|dir| crate::mounts::stale_reason("a kubelet folder", dir));
-                (loader, rails, outcome, rails_changed, stale)
-            })
-            .await
-            .map_err(|cause| RunError::Look {
-                path: self.config.cdi_dir.clone(),
-                cause,
-            })?;
+        ]
+        .iter()
+        .filter_map(|socket| socket.parent().map(PathBuf::from))
+        .collect()
+    }
+
+    /// Reads what changed in the CDI folder and the rail record, and puts
+    /// back any prepared claim's CDI spec that is missing or changed (a
+    /// clean-up of the CDI folder must not break the next container
+    /// restart of a running pod); `looked` publishes a changed pool.
+    fn look(&mut self) -> Look<Seen> {
+        let preparer = self.preparer.clone();
+        let mut loader = self.loader.take().expect("put back after every look");
+        let mut rails = self.rails.take();
+        Box::new(move || {
+            let outcome = loader.load();
+            preparer.restore_specs();
+            let rails_changed = rails.as_mut().is_some_and(RailsFile::look);
+            Seen {
+                loader,
+                rails,
+                outcome,
+                rails_changed,
+            }
+        })
+    }
+
+    fn looked(&mut self, seen: Seen, kubelet_stale: Option<String>) {
+        let Seen {
+            loader,
+            rails,
+            mut outcome,
+            rails_changed,
+        } = seen;
         self.loader = Some(loader);
         self.rails = rails;
         let changed = rails_changed || !outcome.changed.is_empty();
@@ -399,7 +288,7 @@ impl Driver {
         );
         self.observed.specs(unreadable);
         if !changed {
-            return Ok(());
+            return;
         }
         let pool = devices::pool(
             &self.published,
@@ -415,15 +304,157 @@ impl Driver {
             self.pool.send_replace(Arc::new(pool));
             self.stale = true;
         }
-        Ok(())
+    }
+
+    async fn keep_current(&mut self) {
+        self.keep_serving();
+        if self.stale && (!self.failed || self.reconcile_retry.due(None)) {
+            self.reconcile().await;
+        }
+    }
+
+    async fn wake(&mut self) {
+        tokio::select! {
+            _ = self.interval.tick() => self.stale = true,
+            Some(verdict) = self.verdicts.recv() => {
+                let registered = verdict == Verdict::Registered;
+                self.observed.registered(registered);
+                // kubelet deletes a driver's slices when it (re)starts.
+                self.stale |= registered;
+            }
+            _ = self.reconcile_retry.wait(), if self.failed => {}
+            _ = self.serve_retry.wait(), if self.servers.is_none() => {}
+        }
+    }
+
+    /// In order: 1. the sweep and the self-check stop, so no claim is
+    /// unprepared and no liveness verdict written while the driver goes;
+    /// 2. both sockets stop and are removed, so kubelet sees the driver
+    /// gone; 3. nothing more: the slices stay for the next driver to take
+    /// over unchanged (kubelet removes them when the driver is gone for
+    /// good), and the state-folder lock goes when `run` returns.
+    fn stop(mut self) {
+        for task in &self.background {
+            task.abort();
+        }
+        drop(self.servers.take());
+    }
+}
+
+/// Sweeps stale claims at start and every `every` after: a pod
+/// force-deleted while the node was down is never unprepared by kubelet.
+async fn sweep_every(preparer: Arc<Preparer>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        preparer.sweep().await;
+    }
+}
+
+/// What the loop keeps between wakes.
+struct Driver {
+    config: Config,
+    /// Prepare and Unprepare, served on the DRA socket.
+    preparer: Arc<Preparer>,
+    /// The sweep and the socket self-check, stopped with the driver.
+    background: [JoinHandle<()>; 2],
+    /// Handed to each registration socket's service.
+    verdict_tx: mpsc::UnboundedSender<Verdict>,
+    /// kubelet's registration verdicts.
+    verdicts: mpsc::UnboundedReceiver<Verdict>,
+    /// The reconcile interval.
+    interval: tokio::time::Interval,
+    observed: Arc<Observed>,
+    reconciler: Reconciler,
+    /// Taken while a look runs off the runtime thread, put back after.
+    loader: Option<Loader>,
+    rails: Option<RailsFile>,
+    /// The specs as last read; an unreadable family keeps its last.
+    published: Published,
+    /// The pool Prepare reads.
+    pool: watch::Sender<Arc<Pool>>,
+    servers: Option<Servers>,
+    quiet: Quiet,
+    serve_retry: Retry,
+    reconcile_retry: Retry,
+    /// The slices may differ from the pool: reconcile.
+    stale: bool,
+    /// The last reconcile failed: the next waits for the backoff.
+    failed: bool,
+}
+
+impl Driver {
+    /// What the loop needs besides the lock and the probes: the API client
+    /// (bounded by `--api-timeout`), the checkpoint, the two background
+    /// tasks.
+    async fn start(config: Config, observed: Arc<Observed>) -> Result<Driver, RunError> {
+        let settings = Settings {
+            timeout: Some(config.api_timeout),
+            ..Settings::default()
+        };
+        let api = tokio::time::timeout(config.api_timeout, client::connect(&settings))
+            .await
+            .map_err(|_| ClusterError::SetupTimedOut {
+                what: "starting the DRA driver".into(),
+                after: config.api_timeout,
+            })??;
+        let (pool_tx, pool_rx) = watch::channel(Arc::new(Pool::default()));
+        let preparer = Arc::new(Preparer::open(
+            Options {
+                driver: config.driver.clone(),
+                node_name: config.node_name.clone(),
+                cdi_dir: config.cdi_dir.clone(),
+                state_dir: config.state_dir.clone(),
+                api_timeout: config.api_timeout,
+            },
+            api.clone(),
+            pool_rx,
+            observed.clone(),
+        )?);
+        let background = [
+            tokio::spawn(sweep_every(preparer.clone(), config.sweep_interval)),
+            tokio::spawn(selfcheck::watch(
+                config.registration_socket(),
+                config.service_socket(),
+                config.socket_check_interval,
+                observed.clone(),
+            )),
+        ];
+        let (verdict_tx, verdicts) = mpsc::unbounded_channel();
+        let mut interval = tokio::time::interval(config.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Driver {
+            reconciler: Reconciler::new(
+                api,
+                &config.node_name,
+                TaintRule {
+                    driver: config.driver.clone(),
+                    effect: config.failed_link_taint,
+                },
+            ),
+            loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
+            rails: config.rails_file.clone().map(RailsFile::new),
+            published: Published::new(),
+            config,
+            preparer,
+            background,
+            verdict_tx,
+            verdicts,
+            interval,
+            observed,
+            pool: pool_tx,
+            servers: None,
+            quiet: Quiet::default(),
+            serve_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+            reconcile_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+            stale: true,
+            failed: false,
+        })
     }
 
     /// Serves both sockets afresh when one is gone (or none is served).
-    fn keep_serving(
-        &mut self,
-        preparer: &Arc<Preparer>,
-        verdicts: &mpsc::UnboundedSender<Verdict>,
-    ) {
+    fn keep_serving(&mut self) {
         if let Some(s) = &self.servers {
             match s.missing() {
                 None => return,
@@ -435,7 +466,7 @@ impl Driver {
         if !self.serve_retry.due(None) {
             return;
         }
-        match self.serve(preparer, verdicts) {
+        match self.serve() {
             Ok(s) => {
                 self.servers = Some(s);
                 self.serve_retry.succeeded();
@@ -451,11 +482,8 @@ impl Driver {
         }
     }
 
-    fn serve(
-        &self,
-        preparer: &Arc<Preparer>,
-        verdicts: &mpsc::UnboundedSender<Verdict>,
-    ) -> Result<Servers, SocketError> {
+    fn serve(&self) -> Result<Servers, SocketError> {
+        let preparer = &self.preparer;
         let mut servers = Servers::default();
         let service = self.config.service_socket();
         // The service first: kubelet dials it as soon as it has registered.
@@ -477,16 +505,17 @@ impl Driver {
                 },
             ),
         );
-        servers.serve_fronted(&service, None, "DRA", routes)?;
+        servers.serve(&service, None, "DRA", Front::Authority, routes)?;
         let registrar = Registrar {
             name: self.config.driver.clone(),
             endpoint: service.display().to_string(),
-            verdicts: verdicts.clone(),
+            verdicts: self.verdict_tx.clone(),
         };
-        servers.serve_fronted(
+        servers.serve(
             &self.config.registration_socket(),
             None,
             "registration",
+            Front::Authority,
             Routes::new(RegistrationServer::new(registrar)),
         )?;
         info!(

@@ -1,9 +1,26 @@
-//! The flags both kubelet plugins take alike: how often to re-check when no
-//! file event comes, the spec-size cap, the probe address and the log level.
+//! The flags both kubelet plugins take alike: the CDI folder, how often to
+//! re-check when no file event comes, the spec-size cap, the probe address
+//! and the log level.
 
 use crate::names::{duration_in, DurationError};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// `--cdi-dir`, declared once for both plugins and flattened where each
+/// lists it; each plugin words its help with `mut_arg`, since the driver
+/// also writes there.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CdiDirArg {
+    /// Where `nodefabric publish` writes its CDI specs.
+    #[arg(
+        long,
+        env = "NODEFABRIC_CDI_DIR",
+        default_value = "/var/run/cdi",
+        value_name = "DIR"
+    )]
+    pub cdi_dir: PathBuf,
+}
 
 /// The flags both kubelet plugins share, flattened into each command line.
 #[derive(Debug, clap::Args)]
@@ -30,8 +47,8 @@ pub struct PluginArgs {
     )]
     pub max_spec_bytes: u64,
 
-    /// Serve /healthz, /readyz and /metrics (Prometheus) on this address,
-    /// e.g. 0.0.0.0:8082; none when unset.
+    /// Serve /livez (also as /healthz), /readyz and /metrics (Prometheus)
+    /// on this address, e.g. 0.0.0.0:8082; none when unset.
     #[arg(long, env = "NODEFABRIC_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 

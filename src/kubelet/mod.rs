@@ -7,11 +7,15 @@
 //! the registration socket's side of kubelet's plugin watcher (its API, and a
 //! front that lets tonic answer the authority kubelet dials it with).
 //!
-//! The device plugin ([`crate::plugin`]) composes these; a second plugin
-//! (the DRA driver) composes the same ones instead of copying them.
+//! Both plugins, the device plugin ([`crate::plugin`]) and the DRA driver
+//! ([`crate::dra`]), run the one loop in [`plugin_loop`] that composes these,
+//! and fill it in with what they serve, register and reload.
 pub mod args;
 pub mod authority;
+pub mod chain;
+pub mod command;
 pub mod conn;
+pub mod plugin_loop;
 pub mod probes;
 pub mod quiet;
 pub mod registration_api;

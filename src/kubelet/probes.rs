@@ -1,6 +1,10 @@
-//! `/healthz`, `/readyz` and `/metrics` over HTTP/1, served by the plugin's
+//! `/livez`, `/readyz` and `/metrics` over HTTP/1, served by the plugin's
 //! one runtime: a probe that gets an answer has proven the runtime is not
 //! stalled. What each answers is the plugin's, through [`Probes`].
+//!
+//! `/livez` is the name the cluster side (`observe`, `publish --interval`)
+//! serves liveness under; `/healthz` answers the same, for the probes of
+//! manifests written before.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -11,13 +15,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::{info, warn};
 
+/// Every path the probe server answers, for the docs that must name them.
+pub const ENDPOINTS: [&str; 4] = ["/livez", "/healthz", "/readyz", "/metrics"];
+
 /// The content type of the OpenMetrics text format, which Prometheus reads.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What a plugin reports to its probes; each plugin implements it over its
 /// own state, so the server is shared and the answers are not.
 pub trait Probes: Send + Sync + 'static {
-    /// `Ok` while the plugin is alive; `Err(why)` makes `/healthz` fail and
+    /// `Ok` while the plugin is alive; `Err(why)` makes `/livez` fail and
     /// kubelet restart the container, so only for what a restart mends.
     fn healthy(&self) -> Result<(), String>;
     /// `Ok` when the plugin serves all it should; otherwise every reason it
@@ -48,7 +55,8 @@ pub async fn serve<P: Probes>(
         .await
         .map_err(|cause| ProbeError { addr, cause })?;
     let app = Router::new()
-        .route("/healthz", get(healthz::<P>))
+        .route("/livez", get(livez::<P>))
+        .route("/healthz", get(livez::<P>))
         .route("/readyz", get(readyz::<P>))
         .route("/metrics", get(metrics::<P>))
         .with_state(probes);
@@ -60,7 +68,7 @@ pub async fn serve<P: Probes>(
     }))
 }
 
-async fn healthz<P: Probes>(State(p): State<Arc<P>>) -> impl IntoResponse {
+async fn livez<P: Probes>(State(p): State<Arc<P>>) -> impl IntoResponse {
     match p.healthy() {
         Ok(()) => (StatusCode::OK, "ok\n".to_string()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
@@ -98,6 +106,21 @@ mod tests {
         }
     }
 
+    /// A plugin whose kubelet folder was deleted under its mount.
+    struct Stale;
+
+    impl Probes for Stale {
+        fn healthy(&self) -> Result<(), String> {
+            Err("the kubelet folder was deleted".into())
+        }
+        fn ready(&self) -> Result<(), Vec<String>> {
+            Err(vec!["a/b is not registered".into(), "x.json: torn".into()])
+        }
+        fn metrics(&self) -> String {
+            "stub_up 1\n# EOF\n".into()
+        }
+    }
+
     async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -119,6 +142,12 @@ mod tests {
         drop(taken);
 
         let server = serve(addr, Arc::new(Stub)).await.unwrap();
+        for path in ENDPOINTS {
+            let answer = get(addr, path).await;
+            assert!(!answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        }
+        assert!(get(addr, "/nothing").await.starts_with("HTTP/1.1 404"));
+        assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         let ready = get(addr, "/readyz").await;
         assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
@@ -128,6 +157,24 @@ mod tests {
         );
         let metrics = get(addr, "/metrics").await;
         assert!(metrics.contains(OPENMETRICS) && metrics.ends_with("stub_up 1\n# EOF\n"));
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn livez_and_healthz_give_the_same_liveness_verdict() {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let server = serve(addr, Arc::new(Stale)).await.unwrap();
+        for path in ["/livez", "/healthz"] {
+            let answer = get(addr, path).await;
+            assert!(answer.starts_with("HTTP/1.1 503"), "{path}: {answer}");
+            assert!(
+                answer.ends_with("\r\n\r\nthe kubelet folder was deleted\n"),
+                "{path}: {answer}"
+            );
+        }
         server.abort();
     }
 }

@@ -11,6 +11,20 @@ use tokio::task::JoinHandle;
 use tonic::service::Routes;
 use tracing::warn;
 
+/// How a server takes its connections: the two kinds of socket kubelet
+/// dials differ in what its client sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// Each connection carries a [`conn::Hangup`], so a stuck client can be
+    /// cut off: for the device-plugin sockets.
+    Hangup,
+    /// Each connection passes [`authority`]'s front, which rewrites the
+    /// `:authority` kubelet's plugin watcher sends and h2 refuses: for a
+    /// registration socket in `plugins_registry/` (and the DRA socket,
+    /// which kubelets before 1.34 dial the same way). No hang-up.
+    Authority,
+}
+
 /// Servers started together and stopped together; dropping them stops them
 /// and removes their sockets.
 #[derive(Debug)]
@@ -38,40 +52,25 @@ impl Servers {
     }
 
     /// Serves `routes` on a fresh socket at `path` (see
-    /// [`OwnedSocket::bind`] for `mode`); every connection carries a
-    /// [`conn::Hangup`]. `name` names the server in the log if it fails.
+    /// [`OwnedSocket::bind`] for `mode`), taking connections as `front`
+    /// says. `name` names the server in the log if it fails.
     pub fn serve(
         &mut self,
         path: &Path,
         mode: Option<u32>,
         name: &str,
+        front: Front,
         routes: Routes,
     ) -> Result<(), SocketError> {
         let (socket, listener) = OwnedSocket::bind(path, mode)?;
-        let server = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(conn::incoming(listener));
-        self.spawn(name, server);
-        self.sockets.push(socket);
-        Ok(())
-    }
-
-    /// Serves `routes` like [`Servers::serve`], but every connection passes
-    /// [`authority`]'s front, which rewrites the `:authority` kubelet's
-    /// plugin watcher sends and h2 refuses: for a registration socket in
-    /// `plugins_registry/`. Its connections carry no [`conn::Hangup`].
-    pub fn serve_fronted(
-        &mut self,
-        path: &Path,
-        mode: Option<u32>,
-        name: &str,
-        routes: Routes,
-    ) -> Result<(), SocketError> {
-        let (socket, listener) = OwnedSocket::bind(path, mode)?;
-        let server = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(authority::incoming(listener, path));
-        self.spawn(name, server);
+        let router = tonic::transport::Server::builder().add_routes(routes);
+        match front {
+            Front::Hangup => self.spawn(name, router.serve_with_incoming(conn::incoming(listener))),
+            Front::Authority => self.spawn(
+                name,
+                router.serve_with_incoming(authority::incoming(listener, path)),
+            ),
+        }
         self.sockets.push(socket);
         Ok(())
     }

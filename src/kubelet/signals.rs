@@ -1,6 +1,7 @@
 //! The shutdown signals: kubelet and kubectl stop a plugin's Pod with
 //! SIGTERM, a person at a terminal with SIGINT.
 
+use super::chain::error_chain;
 use std::future::Future;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -57,8 +58,8 @@ where
     };
     let outcome = runtime.block_on(async {
         match shutdown() {
-            Ok(signal) => serve(Box::pin(signal)).await.map_err(|e| chain(&e)),
-            Err(e) => Err(chain(&e)),
+            Ok(signal) => serve(Box::pin(signal)).await.map_err(|e| error_chain(&e)),
+            Err(e) => Err(error_chain(&e)),
         }
     });
     match outcome {
@@ -68,16 +69,4 @@ where
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its sources, `outer: cause: …`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

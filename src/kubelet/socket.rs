@@ -7,6 +7,7 @@
 //! file there is still the one it bound, so a successor's socket at the same
 //! path survives its predecessor.
 
+use super::chain::error_chain;
 use hyper_util::rt::TokioIo;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -67,17 +68,13 @@ pub enum SocketError {
 /// serving kubelet uses [`OwnedSocket::bind`] instead.
 pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => match std::fs::remove_file(path) {
-            Ok(()) => {}
-            // Removed by someone else (kubelet) since the look: as good.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(cause) => {
-                return Err(SocketError::RemoveStale {
-                    path: path.into(),
-                    cause,
-                })
-            }
-        },
+        // Removed by someone else (kubelet) since the look: as good.
+        Ok(m) if m.file_type().is_socket() => {
+            crate::publish::remove_if_present(path).map_err(|cause| SocketError::RemoveStale {
+                path: path.into(),
+                cause,
+            })?;
+        }
         Ok(_) => return Err(SocketError::NotASocket { path: path.into() }),
         Err(_) => {}
     }
@@ -141,10 +138,8 @@ impl Drop for OwnedSocket {
         if !self.is_present() {
             return;
         }
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            if e.kind() != io::ErrorKind::NotFound {
-                warn!("removing {}: {e}", self.path.display());
-            }
+        if let Err(e) = crate::publish::remove_if_present(&self.path) {
+            warn!("removing {}: {e}", self.path.display());
         }
     }
 }
@@ -162,21 +157,8 @@ pub async fn connect(path: &Path) -> Result<Channel, SocketError> {
         .await
         .map_err(|e| SocketError::Connect {
             path: path.into(),
-            detail: with_causes(&e),
+            detail: error_chain(&e),
         })
-}
-
-/// `e` and each error under it, joined as an error chain prints them: the
-/// transport's own message alone ("transport error") does not say why.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 
 use super::allocate::CdiDelivery;
 use super::catalog::Resource;
-use super::server::{self, Config};
-use crate::kubelet::args::PluginArgs;
-use crate::kubelet::signals;
+use super::server::{self, Config, RunError};
+use crate::kubelet::args::{CdiDirArg, PluginArgs};
+use crate::kubelet::command::{self, PluginCommand, Shutdown};
 use crate::names::{duration_in, parse_namespace, DurationError};
 use clap::builder::BoolishValueParser;
 use clap::Parser;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,15 +29,13 @@ use std::time::Duration;
 /// (a flag on the command line wins), as a DaemonSet usually does.
 #[derive(Debug, Parser)]
 #[command(name = "nodefabric-device-plugin", version = crate::VERSION)]
+#[command(mut_arg("cdi_dir", |a| a.help(
+    "Where `nodefabric publish` writes its CDI specs (its only input)"
+)))]
 pub struct PluginCli {
-    /// Where `nodefabric publish` writes its CDI specs (its only input).
-    #[arg(
-        long,
-        env = "NODEFABRIC_CDI_DIR",
-        default_value = "/var/run/cdi",
-        value_name = "DIR"
-    )]
-    pub cdi_dir: PathBuf,
+    /// `--cdi-dir`.
+    #[command(flatten)]
+    pub cdi: CdiDirArg,
 
     /// kubelet's device-plugin folder: holds kubelet.sock and this plugin's sockets.
     #[arg(
@@ -102,7 +101,7 @@ impl PluginCli {
             })
             .collect();
         Config {
-            cdi_dir: self.cdi_dir.clone(),
+            cdi_dir: self.cdi.cdi_dir.clone(),
             kubelet_dir: self.kubelet_dir.clone(),
             resources,
             resource_prefix: self.resource_prefix.clone(),
@@ -119,10 +118,24 @@ impl PluginCli {
     }
 }
 
+impl PluginCommand for PluginCli {
+    type Config = Config;
+    type Error = RunError;
+
+    fn common(&self) -> &PluginArgs {
+        &self.common
+    }
+
+    fn server_config(&self) -> Config {
+        self.config()
+    }
+
+    fn serve(config: Config, shutdown: Shutdown) -> impl Future<Output = Result<(), RunError>> {
+        server::run(config, shutdown)
+    }
+}
+
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
-    let cli = PluginCli::parse();
-    signals::run_until_shutdown(cli.common.log_level, |shutdown| {
-        server::run(cli.config(), shutdown)
-    })
+    command::main::<PluginCli>()
 }

@@ -1,8 +1,9 @@
 //! The long-running part of the device plugin: one gRPC server per
 //! resource on its own socket in the kubelet folder, registration with
-//! kubelet, and the loop that keeps both current. The kubelet-plugin
-//! runtime ([`crate::kubelet`]) does the sockets, the watch, the restart
-//! check and the probes; this file composes them.
+//! kubelet, and what the shared loop ([`crate::kubelet::plugin_loop`]) does
+//! for it. The kubelet-plugin runtime ([`crate::kubelet`]) does the
+//! sockets, the watch, the restart check and the probes; this file fills
+//! the loop in.
 //!
 //! The loop wakes on the file events that matter (see
 //! [`crate::kubelet::watch`]), on a poll tick as a fallback, and on the
@@ -24,13 +25,13 @@ use super::api::{DevicePluginOptions, RegisterRequest};
 use super::catalog::{Catalog, Resource};
 use super::metrics::Observed;
 use super::service::{list_bytes, ResourceService, Shared, MAX_LIST_BYTES};
-use crate::kubelet::probes::{self, ProbeError};
+use crate::kubelet::plugin_loop::{self, KubeletPlugin, Look, LoopError, Watched};
 use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
-use crate::kubelet::servers::Servers;
+use crate::kubelet::servers::{Front, Servers};
 use crate::kubelet::socket::{self, SocketError};
-use crate::kubelet::specs::{self, Loader};
-use crate::kubelet::watch::{FolderWatch, Wake};
+use crate::kubelet::specs::{self, Loader, Outcome};
+use crate::kubelet::watch::FolderWatch;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tonic::service::Routes;
-use tracing::{info, warn};
+use tracing::info;
 
 /// kubelet's registration socket in its device-plugin folder.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -77,22 +78,10 @@ impl Config {
     }
 }
 
-/// Why the plugin stopped before a shutdown signal; registration trouble is
-/// not among them (the plugin waits for kubelet instead).
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// The probe server could not listen (names the address).
-    #[error("--metrics-addr {0}")]
-    Probes(ProbeError),
-    /// The look at the CDI specs panicked or was cancelled.
-    #[error("reading the CDI specs in {path}: {cause}")]
-    Look {
-        /// The CDI folder.
-        path: PathBuf,
-        /// What the blocking task's join said.
-        cause: tokio::task::JoinError,
-    },
-}
+/// Why the plugin stopped before a shutdown signal: only the loop's own
+/// reasons; registration trouble is not among them (the plugin waits for
+/// kubelet instead).
+pub type RunError = LoopError;
 
 /// Why one registration attempt failed; logged, then retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -136,58 +125,12 @@ const KUBELET_SUBJECT: &str = "kubelet";
 
 /// Runs until `shutdown` resolves, then removes its sockets.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    let mut files: Vec<PathBuf> = crate::cdi::Family::ALL
-        .iter()
-        .map(|f| config.cdi_dir.join(f.file_name()))
-        .collect();
-    files.push(config.kubelet_dir.join(KUBELET_SOCKET));
-    files.extend(
-        config
-            .resources
-            .iter()
-            .map(|r| config.kubelet_dir.join(r.socket_name())),
-    );
-    let (mut folders, watch_error) = FolderWatch::new(
-        &[&config.cdi_dir, &config.kubelet_dir],
-        files,
-        config.poll_interval,
-    );
-    if let Some(e) = watch_error {
-        warn!(
-            "file watching unavailable, polling every {:?}: {e}",
-            config.poll_interval
-        );
-    }
-    let mut plugin = Plugin::new(config);
-    let _probes = match plugin.config.metrics_addr {
-        Some(addr) => Some(
-            probes::serve(addr, plugin.observed.clone())
-                .await
-                .map_err(RunError::Probes)?,
-        ),
-        None => None,
-    };
-    let kubelet_sock = plugin.config.kubelet_dir.join(KUBELET_SOCKET);
-    tokio::pin!(shutdown);
-    loop {
-        folders.rearm();
-        // Sticky until the next registration attempt takes it.
-        plugin.kubelet_created |= folders.take_created(&kubelet_sock);
-        // Look first so a fresh registration starts from the current specs.
-        plugin.look().await?;
-        plugin.keep_registered().await;
-        tokio::select! {
-            _ = &mut shutdown => break,
-            wake = folders.next() => if wake == Wake::Event {
-                folders.settle().await;
-            },
-            _ = plugin.retry.wait(), if plugin.current.is_none() => {}
-        }
-    }
-    info!("shutting down");
-    // Stops the servers and removes their sockets.
-    drop(plugin.current.take());
-    Ok(())
+    let plugin = Plugin::new(config);
+    let probes = plugin
+        .config
+        .metrics_addr
+        .map(|addr| (addr, plugin.observed.clone()));
+    plugin_loop::run(probes, async { Ok(plugin) }, shutdown).await
 }
 
 /// What the loop keeps between wakes.
@@ -239,53 +182,166 @@ impl Plugin {
         }
     }
 
-    /// Reads what changed in the CDI folder and publishes a changed catalog.
-    async fn look(&mut self) -> Result<(), RunError> {
+    /// Serves fresh sockets and registers again when kubelet needs it and
+    /// an attempt is due; a failure is logged once per cause and retried.
+    async fn keep_registered(&mut self) {
+        let Some(why) =
+            needs_registration(&self.config, self.current.as_ref(), self.kubelet_created)
+        else {
+            return;
+        };
+        let kubelet = Identity::of(&self.config.kubelet_dir.join(KUBELET_SOCKET));
+        if !self.retry.due(kubelet) {
+            return;
+        }
+        // This attempt registers with the kubelet that created it.
+        self.kubelet_created = false;
+        if let Some(old) = self.current.take() {
+            info!("re-registering: {why}");
+            drop(old);
+        }
+        self.observed.unregistered();
+        match start(&self.config, &self.catalog, &self.observed).await {
+            Ok(g) => {
+                self.current = Some(g);
+                self.retry.succeeded();
+                self.quiet
+                    .clear(KUBELET_SUBJECT, || "kubelet answered: registered".into());
+            }
+            Err(e) => {
+                self.observed.unregistered();
+                self.quiet.warn(
+                    KUBELET_SUBJECT,
+                    format!("waiting for kubelet, retrying with backoff: {e}"),
+                );
+                self.retry.failed(kubelet);
+            }
+        }
+    }
+}
+
+/// What one look read, carried back from the blocking thread.
+struct Seen {
+    /// The loader, put back.
+    loader: Loader,
+    /// The catalog the specs make now, refused families kept as served.
+    catalog: Catalog,
+    /// What the loader found.
+    outcome: Outcome,
+    /// Families whose new list kubelet would reject whole.
+    refused: Vec<Refused>,
+}
+
+/// A family kept as served because one of its lists is too large.
+struct Refused {
+    family: crate::cdi::Family,
+    /// The resource whose list is over [`MAX_LIST_BYTES`].
+    resource: Resource,
+    /// That list's size.
+    bytes: usize,
+}
+
+impl KubeletPlugin for Plugin {
+    type Error = RunError;
+    type Seen = Seen;
+
+    fn cdi_dir(&self) -> &Path {
+        &self.config.cdi_dir
+    }
+
+    fn watched(&self) -> Watched {
+        let config = &self.config;
+        let mut files: Vec<PathBuf> = crate::cdi::Family::ALL
+            .iter()
+            .map(|f| config.cdi_dir.join(f.file_name()))
+            .collect();
+        files.push(config.kubelet_dir.join(KUBELET_SOCKET));
+        files.extend(
+            config
+                .resources
+                .iter()
+                .map(|r| config.kubelet_dir.join(r.socket_name())),
+        );
+        Watched {
+            folders: vec![config.cdi_dir.clone(), config.kubelet_dir.clone()],
+            files,
+        }
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.config.poll_interval
+    }
+
+    fn kubelet_folders(&self) -> Vec<PathBuf> {
+        vec![self.config.kubelet_dir.clone()]
+    }
+
+    fn noticed(&mut self, watch: &FolderWatch) {
+        // Sticky until the next registration attempt takes it.
+        self.kubelet_created |= watch.take_created(&self.config.kubelet_dir.join(KUBELET_SOCKET));
+    }
+
+    /// Reads what changed in the CDI folder; `looked` publishes a changed
+    /// catalog.
+    fn look(&mut self) -> Look<Seen> {
         let served = self.catalog.borrow().clone();
-        let mut l = self
+        let mut loader = self
             .loader
             .take()
             .expect("the loader is put back after every look");
-        // Off the runtime thread: file I/O must never stall the gRPC servers.
         self.observed.loading(true);
-        let kubelet_dir = self.config.kubelet_dir.clone();
         let resources = self.config.resources.clone();
-        let (l, fresh, mut outcome, kubelet_stale, refused) =
-            tokio::task::spawn_blocking(move || {
-                let o = l.load();
-                // An unreadable family is not among the changes: it keeps its
-                // tokens, since kubelet has checkpointed their IDs.
-                let mut c = served.with_changes(&o.changed);
-                // So does a family whose new list kubelet would reject whole.
-                let mut refused = Vec::new();
-                for (family, _) in &o.changed {
-                    let over = resources
-                        .iter()
-                        .filter(|r| r.family() == *family)
-                        .map(|&r| (r, list_bytes(&c, r)))
-                        .find(|(_, bytes)| *bytes > MAX_LIST_BYTES);
-                    if let Some((r, bytes)) = over {
-                        c = c.with_family(*family, served.endpoints(*family).to_vec());
-                        refused.push((*family, r, bytes));
-                    }
+        Box::new(move || {
+            let outcome = loader.load();
+            // An unreadable family is not among the changes: it keeps its
+            // tokens, since kubelet has checkpointed their IDs.
+            let mut catalog = served.with_changes(&outcome.changed);
+            // So does a family whose new list kubelet would reject whole.
+            let mut refused = Vec::new();
+            for (family, _) in &outcome.changed {
+                let over = resources
+                    .iter()
+                    .filter(|r| r.family() == *family)
+                    .map(|&r| (r, list_bytes(&catalog, r)))
+                    .find(|(_, bytes)| *bytes > MAX_LIST_BYTES);
+                if let Some((resource, bytes)) = over {
+                    catalog = catalog.with_family(*family, served.endpoints(*family).to_vec());
+                    refused.push(Refused {
+                        family: *family,
+                        resource,
+                        bytes,
+                    });
                 }
-                // The kubelet folder too: a new kubelet.sock in the host's new
-                // folder is never seen through the old mount.
-                let stale = crate::mounts::deleted_in_place(&kubelet_dir)
-                    .then(|| crate::mounts::stale_reason("the kubelet folder", &kubelet_dir));
-                (l, c, o, stale, refused)
-            })
-            .await
-            .map_err(|cause| RunError::Look {
-                path: self.config.cdi_dir.clone(),
-                cause,
-            })?;
-        self.loader = Some(l);
+            }
+            Seen {
+                loader,
+                catalog,
+                outcome,
+                refused,
+            }
+        })
+    }
+
+    /// Takes in what a look read: the loader back, the refused families
+    /// noted, the warnings and metrics, and a changed catalog published.
+    fn looked(&mut self, seen: Seen, kubelet_stale: Option<String>) {
+        let Seen {
+            loader,
+            catalog: fresh,
+            mut outcome,
+            refused,
+        } = seen;
+        self.loader = Some(loader);
         self.observed.loading(false);
         for (family, _) in &outcome.changed {
             self.oversized.remove(family);
         }
-        for (family, r, bytes) in refused {
+        for Refused {
+            family,
+            resource: r,
+            bytes,
+        } in refused
+        {
             let message = format!(
                 "{}: its {} device list would be {bytes} bytes, over the {MAX_LIST_BYTES} \
                  bytes kubelet accepts in one message",
@@ -327,44 +383,23 @@ impl Plugin {
             self.observed.catalog(&fresh, &self.names);
             self.catalog.send_replace(Arc::new(fresh));
         }
-        Ok(())
     }
 
-    /// Serves fresh sockets and registers again when kubelet needs it and
-    /// an attempt is due; a failure is logged once per cause and retried.
-    async fn keep_registered(&mut self) {
-        let Some(why) =
-            needs_registration(&self.config, self.current.as_ref(), self.kubelet_created)
-        else {
-            return;
-        };
-        let kubelet = Identity::of(&self.config.kubelet_dir.join(KUBELET_SOCKET));
-        if !self.retry.due(kubelet) {
-            return;
+    async fn keep_current(&mut self) {
+        self.keep_registered().await;
+    }
+
+    async fn wake(&mut self) {
+        match self.current {
+            None => self.retry.wait().await,
+            // Registered: only a file event or the poll tick wakes the loop.
+            Some(_) => std::future::pending().await,
         }
-        // This attempt registers with the kubelet that created it.
-        self.kubelet_created = false;
-        if let Some(old) = self.current.take() {
-            info!("re-registering: {why}");
-            drop(old);
-        }
-        self.observed.unregistered();
-        match start(&self.config, &self.catalog, &self.observed).await {
-            Ok(g) => {
-                self.current = Some(g);
-                self.retry.succeeded();
-                self.quiet
-                    .clear(KUBELET_SUBJECT, || "kubelet answered: registered".into());
-            }
-            Err(e) => {
-                self.observed.unregistered();
-                self.quiet.warn(
-                    KUBELET_SUBJECT,
-                    format!("waiting for kubelet, retrying with backoff: {e}"),
-                );
-                self.retry.failed(kubelet);
-            }
-        }
+    }
+
+    fn stop(mut self) {
+        // Stops the servers and removes their sockets.
+        drop(self.current.take());
     }
 }
 
@@ -413,6 +448,7 @@ async fn start(
             &config.kubelet_dir.join(r.socket_name()),
             None,
             r.suffix(),
+            Front::Hangup,
             Routes::new(DevicePluginServer::new(svc)),
         )?;
     }

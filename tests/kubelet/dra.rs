@@ -586,6 +586,8 @@ async fn a_cdi_folder_deleted_on_the_host_under_the_mount_fails_liveness_and_kee
         why.contains(&mounted.display().to_string()) && why.contains("deleted on the host"),
         "{why}"
     );
+    // /livez, the cluster side's name for liveness, gives the same verdict.
+    assert_eq!(http_get(&probes, "/livez"), (503, why));
     // Until the kubelet restarts it, the devices stay published.
     let listed = reconciles(&s.cluster.api);
     reconciled(&s.cluster.api, listed, 1);

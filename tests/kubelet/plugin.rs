@@ -752,6 +752,8 @@ async fn a_kubelet_folder_deleted_on_the_host_under_the_mount_fails_liveness() {
         why.contains("the kubelet folder") && why.contains(&mounted.display().to_string()),
         "{why}"
     );
+    // /livez, the cluster side's name for liveness, gives the same verdict.
+    assert_eq!(http_get(&addr, "/livez"), (503, why));
 }
 
 #[tokio::test]

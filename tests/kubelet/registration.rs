@@ -11,7 +11,7 @@ use nodefabric::kubelet::registration_api::{
     registration_server::{Registration, RegistrationServer},
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use nodefabric::kubelet::servers::Servers;
+use nodefabric::kubelet::servers::{Front, Servers};
 use prost::Message;
 use std::path::PathBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,11 +68,13 @@ fn serve(fronted: bool) -> Socket {
     let (tx, statuses) = mpsc::unbounded_channel();
     let routes = Routes::new(RegistrationServer::new(Driver(tx)));
     let mut servers = Servers::default();
-    match fronted {
-        true => servers.serve_fronted(&path, None, "registration", routes),
-        false => servers.serve(&path, None, "registration", routes),
-    }
-    .unwrap();
+    let front = match fronted {
+        true => Front::Authority,
+        false => Front::Hangup,
+    };
+    servers
+        .serve(&path, None, "registration", front, routes)
+        .unwrap();
     Socket {
         path,
         statuses,
@@ -127,7 +129,7 @@ async fn the_front_answers_kubelets_authority_on_one_connection() {
 
 /// If this starts failing, h2 (or `http`) accepts kubelet's authority and
 /// the front may be retired: serve the registration socket with
-/// `Servers::serve` and delete `kubelet::authority`.
+/// `Front::Hangup` and delete `kubelet::authority`.
 #[tokio::test]
 async fn a_bare_tonic_server_still_resets_kubelets_authority() {
     let socket = serve(false);

@@ -291,15 +291,18 @@ fn containers_name_only_flags_the_binaries_accept_on_mounted_paths() {
                 "nodefabric-device-plugin" => {
                     let cli = PluginCli::try_parse_from(&argv)
                         .unwrap_or_else(|e| panic!("{file}: {argv:?}: {e}"));
-                    for dir in [&cli.kubelet_dir, &cli.cdi_dir] {
+                    for dir in [&cli.kubelet_dir, &cli.cdi.cdi_dir] {
                         assert!(mounted(c, dir), "{file}: {} not mounted", dir.display());
                     }
                     assert_eq!(
                         host_path(&volumes, c, &cli.kubelet_dir),
                         Some("/var/lib/kubelet/device-plugins")
                     );
-                    cdi_host_paths
-                        .insert(host_path(&volumes, c, &cli.cdi_dir).unwrap().to_string());
+                    cdi_host_paths.insert(
+                        host_path(&volumes, c, &cli.cdi.cdi_dir)
+                            .unwrap()
+                            .to_string(),
+                    );
                 }
                 other => panic!("{file}: unknown binary {other}"),
             }

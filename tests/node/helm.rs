@@ -278,7 +278,7 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                     "/usr/local/bin/nodefabric-device-plugin" => {
                         let cli = PluginCli::try_parse_from(argv(c))
                             .unwrap_or_else(|e| panic!("{file}: {:?}: {e}", argv(c)));
-                        for dir in [&cli.kubelet_dir, &cli.cdi_dir] {
+                        for dir in [&cli.kubelet_dir, &cli.cdi.cdi_dir] {
                             assert!(mounted(c, dir), "{file}: {}", dir.display());
                         }
                         long_running.insert((name.clone(), probed));

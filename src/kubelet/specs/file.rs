@@ -106,7 +106,9 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    fn of(m: &std::fs::Metadata) -> Fingerprint {
+    /// The fingerprint of the file `m` describes (`stat`, not `lstat`, for
+    /// a name that may be a link).
+    pub fn of(m: &std::fs::Metadata) -> Fingerprint {
         let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
         Fingerprint {
             dev: m.dev(),
