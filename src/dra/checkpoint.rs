@@ -5,10 +5,14 @@
 //! The file carries its format. [`FORMAT`] (v2) records with each claim
 //! the driver that prepared it, which the stale-claim sweep checks the
 //! claim's allocation against; [`FORMAT_V1`], written by earlier releases,
-//! is read and upgraded in place (its claims were all this driver's). A
-//! format this release does not know (a newer release's, after a
-//! downgrade) stops the start, naming the file: setting it aside would
-//! forget claims that running pods hold.
+//! is read and upgraded in place (its claims were all this driver's).
+//! [`FORMAT_SHARES`] (v3) is v2 plus devices' share IDs, written only
+//! while a share of a shared NIC is prepared: a node that never holds a
+//! share keeps writing v2, byte for byte as before, so a release without
+//! shares still reads it after a downgrade, and one with shares prepared
+//! stops it (it would hand the NIC out whole). A format this release does
+//! not know (a newer release's, after a downgrade) stops the start, naming
+//! the file: setting it aside would forget claims that running pods hold.
 
 use super::claims::Prepared;
 use crate::publish::{self, PublishError};
@@ -25,6 +29,9 @@ pub const FORMAT: &str = "dra.nodefabric.gpustack.ai/v2";
 
 /// The format of releases before the sweep: claims without their driver.
 pub const FORMAT_V1: &str = "dra.nodefabric.gpustack.ai/v1";
+
+/// [`FORMAT`] with share IDs: written only while a share is prepared.
+pub const FORMAT_SHARES: &str = "dra.nodefabric.gpustack.ai/v3";
 
 /// A checkpoint larger than this is not read: thousands of claims fit in
 /// far less, and the driver's memory limit is small.
@@ -45,6 +52,14 @@ struct Header {
     format: String,
 }
 
+/// What is written: the format the claims need, then the claims, in the
+/// field order of [`Checkpoint`], so a v2 file keeps its bytes.
+#[derive(Serialize)]
+struct Written<'a> {
+    format: &'a str,
+    claims: &'a BTreeMap<String, Prepared>,
+}
+
 /// A checkpoint that cannot be written; the claim that needed it fails.
 #[derive(Debug, thiserror::Error)]
 #[error("saving the prepared claims: {0}")]
@@ -54,7 +69,7 @@ pub struct CheckpointError(#[from] PublishError);
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// Written in a format this release does not know.
-    #[error("{path}: checkpoint format {found:?} is not one this nodefabric-dra reads ({FORMAT_V1:?} or {FORMAT:?}); it was written by a newer release: run that release again, or, knowing that every claim in it is then forgotten, move the file away")]
+    #[error("{path}: checkpoint format {found:?} is not one this nodefabric-dra reads ({FORMAT_V1:?}, {FORMAT:?} or {FORMAT_SHARES:?}); it was written by a newer release: run that release again, or, knowing that every claim in it is then forgotten, move the file away")]
     Unknown {
         /// The checkpoint file.
         path: PathBuf,
@@ -87,7 +102,7 @@ impl Checkpoint {
             Ok(h) => h.format,
             Err(e) => return Ok(set_aside(&path, &format!("not a checkpoint: {e}"))),
         };
-        if format != FORMAT && format != FORMAT_V1 {
+        if ![FORMAT, FORMAT_V1, FORMAT_SHARES].contains(&format.as_str()) {
             return Err(LoadError::Unknown {
                 path,
                 found: format,
@@ -134,9 +149,29 @@ impl Checkpoint {
         }
     }
 
-    /// Writes the whole checkpoint atomically.
+    /// The format the claims need: [`FORMAT_SHARES`] while any device is
+    /// a share, else [`FORMAT`].
+    pub fn needed_format(&self) -> &'static str {
+        let shared = self
+            .claims
+            .values()
+            .flat_map(|c| &c.devices)
+            .any(|d| d.share_id.is_some());
+        if shared {
+            FORMAT_SHARES
+        } else {
+            FORMAT
+        }
+    }
+
+    /// Writes the whole checkpoint atomically, in the format its claims
+    /// need.
     pub fn save(&self, dir: &Path) -> Result<(), CheckpointError> {
-        let mut bytes = serde_json::to_vec_pretty(self).expect("a checkpoint serialises");
+        let written = Written {
+            format: self.needed_format(),
+            claims: &self.claims,
+        };
+        let mut bytes = serde_json::to_vec_pretty(&written).expect("a checkpoint serialises");
         bytes.push(b'\n');
         publish::write_if_changed(dir, FILE, &bytes)?;
         Ok(())
@@ -208,15 +243,44 @@ mod tests {
         assert!(text.contains(FORMAT), "{text}");
         assert_eq!(Checkpoint::load(dir.path(), "another.driver").unwrap(), c);
 
-        let newer = br#"{"format":"dra.nodefabric.gpustack.ai/v3","claims":[]}"#;
+        let newer = br#"{"format":"dra.nodefabric.gpustack.ai/v4","claims":[]}"#;
         std::fs::write(dir.path().join(FILE), newer).unwrap();
         let e = Checkpoint::load(dir.path(), DRIVER)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains(&dir.path().join(FILE).display().to_string()) && e.contains("/v3"),
+            e.contains(&dir.path().join(FILE).display().to_string()) && e.contains("/v4"),
             "{e}"
         );
         assert_eq!(std::fs::read(dir.path().join(FILE)).unwrap(), newer);
+    }
+
+    #[test]
+    fn a_v2_checkpoint_keeps_its_bytes_and_only_a_prepared_share_writes_v3() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dra/checkpoint-v2.json");
+        let before = std::fs::read(&v2).unwrap();
+        std::fs::write(dir.path().join(FILE), &before).unwrap();
+        let mut c = Checkpoint::load(dir.path(), DRIVER).unwrap();
+        c.save(dir.path()).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(FILE)).unwrap(), before);
+
+        let uid = "0b6c7d8e-1111-4222-8333-444455556666";
+        c.claims.get_mut(uid).unwrap().devices[0].share_id = Some("s-1".into());
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        assert!(
+            text.contains(FORMAT_SHARES) && text.contains("\"shareId\": \"s-1\""),
+            "{text}"
+        );
+        let shared = Checkpoint::load(dir.path(), DRIVER).unwrap();
+        assert_eq!(
+            shared.claims[uid].devices[0].share_id.as_deref(),
+            Some("s-1")
+        );
+        // The share unprepared: back to v2, the bytes of before.
+        c.claims.get_mut(uid).unwrap().devices[0].share_id = None;
+        c.save(dir.path()).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(FILE)).unwrap(), before);
     }
 }

@@ -18,6 +18,11 @@ pub struct PreparedDevice {
     pub device_name: String,
     /// The CDI devices the runtime injects for it.
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's share of a shared device (the result's `shareID`),
+    /// echoed to kubelet; absent for an exclusive device, and then not
+    /// written, so a checkpoint without shares keeps its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// A claim as prepared: its devices and the RDMA devices they are
@@ -95,7 +100,8 @@ pub enum ClaimError {
         driver: String,
     },
     /// One device allocated twice in one claim: an exclusive NIC is one
-    /// device, however many requests name it.
+    /// device, however many requests name it (two shares of one shared
+    /// device, told apart by their share IDs, are two allocations).
     #[error("ResourceClaim {namespace}/{name}: device {device} is allocated twice (requests {first} and {second})")]
     DeviceTwice {
         /// Its namespace.
@@ -188,7 +194,11 @@ pub fn prepare(
                 device: r.device.clone(),
             });
         }
-        if let Some(first) = out.devices.iter().find(|d| d.device_name == r.device) {
+        let twice = |d: &&PreparedDevice| {
+            d.device_name == r.device
+                && (d.share_id.is_none() || r.share_id.is_none() || d.share_id == r.share_id)
+        };
+        if let Some(first) = out.devices.iter().find(twice) {
             return Err(ClaimError::DeviceTwice {
                 namespace,
                 name,
@@ -210,6 +220,7 @@ pub fn prepare(
             pool_name: r.pool.clone(),
             device_name: r.device.clone(),
             cdi_device_ids: vec![device.cdi_id.clone()],
+            share_id: r.share_id.clone(),
         });
         if !out.rdma_devices.contains(&device.rdma_device) {
             out.rdma_devices.push(device.rdma_device.clone());
@@ -338,6 +349,29 @@ mod tests {
         let e = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
         assert!(matches!(e, ClaimError::DeviceTwice { .. }), "{e}");
         assert!(e.to_string().contains("pci-0000-3b-00-0"), "{e}");
+    }
+
+    #[test]
+    fn two_shares_of_one_device_in_one_claim_are_two_allocations_but_a_share_beside_it_whole_is_not(
+    ) {
+        let mut c = claim(&[
+            ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
+            ("rdma.gpustack.ai", "node-a", "pci-0000-3b-00-0"),
+        ]);
+        fn results(c: &mut ResourceClaim) -> &mut Vec<DeviceRequestAllocationResult> {
+            let status = c.status.as_mut().unwrap();
+            let devices = status.allocation.as_mut().unwrap().devices.as_mut();
+            devices.unwrap().results.as_mut().unwrap()
+        }
+        results(&mut c)[0].share_id = Some("s-1".into());
+        results(&mut c)[1].share_id = Some("s-2".into());
+        let p = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap();
+        let shares: Vec<_> = p.devices.iter().map(|d| d.share_id.as_deref()).collect();
+        assert_eq!(shares, [Some("s-1"), Some("s-2")]);
+        assert_eq!(p.rdma_devices, ["mlx5_0"]);
+        results(&mut c)[1].share_id = None;
+        let e = prepare(&c, "uid-1", "rdma.gpustack.ai", "node-a", &pool()).unwrap_err();
+        assert!(matches!(e, ClaimError::DeviceTwice { .. }), "{e}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! tests can parse manifests' container args with the real parser.
 
 use super::server::{self, Config, RunError};
+use super::shares::{Shares, SharesError};
 use super::taints::FailedEffect;
 use crate::kubelet::args::{CdiDirArg, PluginArgs};
 use crate::kubelet::command::{self, PluginCommand, Shutdown};
@@ -149,9 +150,30 @@ pub struct DraCli {
     )]
     pub socket_check_interval: Duration,
 
+    /// Shares per whole NIC: 0 publishes each NIC exclusive (one claim at a
+    /// time); 1 to 1024 publishes it shareable by that many claims through
+    /// consumable capacity (`allowMultipleAllocations` and a `shares`
+    /// capacity; Kubernetes ≥ 1.34 with DRAConsumableCapacity, on by
+    /// default from 1.36). `--shares` alone means 64, the device plugin's
+    /// `rdma.shared` count. VFs stay exclusive.
+    #[arg(
+        long,
+        env = "NODEFABRIC_SHARES",
+        default_value = "0",
+        num_args = 0..=1,
+        default_missing_value = "64",
+        value_name = "N",
+        value_parser = parse_shares
+    )]
+    pub shares: Shares,
+
     /// The flags both kubelet plugins share.
     #[command(flatten)]
     pub common: PluginArgs,
+}
+
+fn parse_shares(s: &str) -> Result<Shares, SharesError> {
+    Shares::parse(s)
 }
 
 fn parse_interval(s: &str) -> Result<Duration, DurationError> {
@@ -182,6 +204,7 @@ impl DraCli {
             api_timeout: self.api_timeout,
             metrics_addr: self.common.metrics_addr,
             failed_link_taint: self.failed_link_taint,
+            shares: self.shares,
             sweep_interval: self.sweep_interval,
             lock_wait: self.lock_wait,
             socket_check_interval: self.socket_check_interval,
@@ -209,4 +232,27 @@ impl PluginCommand for DraCli {
 /// Parses `std::env::args` and runs until SIGTERM or SIGINT.
 pub fn main() -> ExitCode {
     command::main::<DraCli>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dra::shares::DEFAULT_SHARES;
+
+    fn shares(args: &[&str]) -> Result<Shares, clap::Error> {
+        let argv = ["nodefabric-dra", "--node-name", "node-a"];
+        DraCli::try_parse_from(argv.iter().chain(args)).map(|c| c.shares)
+    }
+
+    #[test]
+    fn shares_default_to_exclusive_a_bare_flag_is_the_device_plugins_64_and_nonsense_is_named() {
+        assert_eq!(shares(&[]).unwrap(), Shares::EXCLUSIVE);
+        assert_eq!(shares(&["--shares"]).unwrap().count(), DEFAULT_SHARES);
+        assert_eq!(shares(&["--shares", "8"]).unwrap().count(), 8);
+        assert_eq!(shares(&["--shares=0"]).unwrap(), Shares::EXCLUSIVE);
+        let e = shares(&["--shares", "4096"]).unwrap_err().to_string();
+        assert!(e.contains("4096") && e.contains("1024"), "{e}");
+        let e = shares(&["--shares", "many"]).unwrap_err().to_string();
+        assert!(e.contains("many"), "{e}");
+    }
 }

@@ -15,7 +15,7 @@
 //! | `unprepare_total` | counter, `outcome` | claims unprepared (ok/error) |
 //! | `prepare_duration_seconds` | histogram | one claim's Prepare |
 //! | `prepared_failed_link_total` | counter | devices prepared whose link had failed since allocation |
-//! | `server_dropped_fields` | gauge (0/1), `gate` | the API server dropped fields of the last slice write (the gate named is off) |
+//! | `server_dropped_fields` | gauge (0/1), `gate` | the API server dropped fields of the last slice write (the gate named is off: `DRADeviceTaints` or `DRAConsumableCapacity`) |
 //! | `swept_claims_total` | counter | stale claims unprepared by the sweep (their pods gone without an Unprepare) |
 //! | `socket_check_failures_total` | counter | self-checks in which the registration or DRA socket did not answer |
 
@@ -231,14 +231,14 @@ impl Observed {
     }
 
     /// The server dropped fields of the last slice write, those of the
-    /// feature gate `gate` (`Some`), or kept everything (`None`).
-    pub fn dropped_fields(&self, gate: Option<&'static str>) {
-        let taints = GateLabel {
-            gate: super::taints::GATE,
-        };
-        self.dropped
-            .get_or_create(&taints)
-            .set(i64::from(gate == Some(super::taints::GATE)));
+    /// feature gates `gates` (none: it kept everything). Each gate the
+    /// driver tells apart has its series, 0 while its fields are kept.
+    pub fn dropped_fields(&self, gates: &[&'static str]) {
+        for gate in [super::taints::GATE, super::shares::GATE] {
+            self.dropped
+                .get_or_create(&GateLabel { gate })
+                .set(i64::from(gates.contains(&gate)));
+        }
     }
 
     /// The sweep unprepared a stale claim.

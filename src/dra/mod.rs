@@ -13,6 +13,7 @@
 //! - [`claim_spec`]: the one small CDI spec a claim gets (`NCCL_IB_HCA`).
 //! - [`checkpoint`]: the prepared claims, kept across restarts.
 //! - [`lock`]: one driver per state folder, across processes.
+//! - [`shares`]: whole NICs shared through consumable capacity (`--shares`).
 //! - [`selfcheck`]: dials the driver's own sockets for `/healthz`.
 //! - [`publish`]: the API side of the slices: no write when nothing changed.
 //! - [`service`]: Prepare and Unprepare, in `v1` and `v1beta1`.
@@ -41,6 +42,7 @@ pub mod registration;
 pub mod selfcheck;
 pub mod server;
 pub mod service;
+pub mod shares;
 pub mod slices;
 pub mod taints;
 

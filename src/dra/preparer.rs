@@ -20,6 +20,7 @@ use super::claim_spec;
 use super::claims::{self, ClaimError, Prepared, PreparedDevice};
 use super::devices::Pool;
 use super::metrics::Observed;
+use super::shares::{self, Conflict};
 use crate::cluster::ClusterError;
 use crate::record::LinkState;
 use futures::StreamExt;
@@ -129,15 +130,15 @@ pub enum PrepareError {
     /// The claim's allocation cannot be served here.
     #[error(transparent)]
     Claim(#[from] ClaimError),
-    /// An exclusive device is still prepared for another claim.
-    #[error("{claim}: device {device} is still prepared for {holder}; it is exclusive, and is free once kubelet unprepares that claim")]
+    /// A device is prepared for another claim in a way this claim's
+    /// allocation cannot share (exclusive, whole against shares): never
+    /// handed out twice.
+    #[error("{claim}: {conflict}")]
     Held {
         /// The claim asking.
         claim: String,
-        /// The device.
-        device: String,
-        /// The claim holding it, `ResourceClaim ns/name (uid)`.
-        holder: String,
+        /// What holds the device, naming it and the holder.
+        conflict: Conflict,
     },
     /// A prepared claim's device is no longer published, so the CDI ID
     /// kubelet would hand the runtime resolves to nothing.
@@ -669,31 +670,21 @@ fn budget(deadline: Option<Duration>) -> Duration {
     deadline.map_or(DEFAULT_BUDGET, |d| (d - d / 10).min(DEFAULT_BUDGET))
 }
 
-/// A device of `prepared` that the checkpoint holds for another claim.
+/// A device of `prepared` that cannot be prepared beside the other claims
+/// the checkpoint holds (see [`shares::conflict`]).
 fn held_elsewhere(
     checkpoint: &Checkpoint,
     claim: &ClaimRef,
     prepared: &Prepared,
 ) -> Option<PrepareError> {
-    for (uid, other) in &checkpoint.claims {
-        if uid == &claim.uid {
-            continue;
-        }
-        for wanted in &prepared.devices {
-            let taken = other
-                .devices
-                .iter()
-                .any(|d| d.pool_name == wanted.pool_name && d.device_name == wanted.device_name);
-            if taken {
-                return Some(PrepareError::Held {
-                    claim: claim.to_string(),
-                    device: wanted.device_name.clone(),
-                    holder: format!("ResourceClaim {}/{} ({uid})", other.namespace, other.name),
-                });
-            }
-        }
-    }
-    None
+    let others = checkpoint
+        .claims
+        .iter()
+        .filter(|(uid, _)| **uid != claim.uid);
+    shares::conflict(others, prepared).map(|conflict| PrepareError::Held {
+        claim: claim.to_string(),
+        conflict,
+    })
 }
 
 #[cfg(test)]
@@ -718,6 +709,7 @@ mod tests {
             pool_name: "node-a".into(),
             device_name: name.into(),
             cdi_device_ids: vec![],
+            share_id: None,
         };
         let mut checkpoint = Checkpoint::empty();
         checkpoint.claims.insert(

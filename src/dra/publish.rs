@@ -12,6 +12,7 @@
 //! form as "the same" from then on.
 
 use super::devices::Pool;
+use super::shares::{self, Shares};
 use super::slices::{self, Owner};
 use super::taints::{self, TaintRule};
 use crate::cluster::ClusterError;
@@ -57,6 +58,7 @@ pub struct Reconciler {
     nodes: Api<Node>,
     node: String,
     rule: TaintRule,
+    shares: Shares,
     last: Option<LastWrite>,
     /// What the server dropped of the last write, said once until it keeps
     /// everything again.
@@ -67,23 +69,29 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// A reconciler for `node`'s pool of `rule.driver`, tainted by `rule`.
-    pub fn new(client: Client, node: &str, rule: TaintRule) -> Reconciler {
+    /// A reconciler for `node`'s pool of `rule.driver`, tainted by `rule`,
+    /// its whole NICs shared as `shares` says.
+    pub fn new(client: Client, node: &str, rule: TaintRule, shares: Shares) -> Reconciler {
         Reconciler {
             slices: Api::all(client.clone()),
             nodes: Api::all(client),
             node: node.to_string(),
             rule,
+            shares,
             last: None,
             dropped: None,
             written: 0,
         }
     }
 
-    /// The feature gate whose fields the API server dropped from the last
-    /// write (only `DRADeviceTaints` is told apart), for the metric.
-    pub fn dropped_gate(&self) -> Option<&'static str> {
-        matches!(self.dropped, Some(Dropped::Taints)).then_some(taints::GATE)
+    /// The feature gates whose fields the API server dropped from the last
+    /// write (`DRADeviceTaints` and `DRAConsumableCapacity` are told
+    /// apart), for the metric.
+    pub fn dropped_gates(&self) -> &[&'static str] {
+        match &self.dropped {
+            Some(Dropped::Gates(gates)) => gates.as_slice(),
+            _ => &[],
+        }
     }
 
     /// Makes the server's slices the pool; writes nothing when they are.
@@ -108,7 +116,7 @@ impl Reconciler {
             .await
             .map_err(|e| ClusterError::api(format!("listing ResourceSlices ({selector})"), e))?
             .items;
-        let wanted = slices::devices(pool, &self.rule);
+        let wanted = slices::devices(pool, &self.rule, self.shares);
         // Only slices this Node owns, at a generation the next write can
         // exceed, are the pool as we left it. Anything else under our
         // driver and node (another account's slice, a generation of
@@ -231,7 +239,7 @@ impl Reconciler {
                 .map(|d| d.name.clone())
                 .collect()
         };
-        let desired = slices::desired(pool, &self.rule, owner, generation);
+        let desired = slices::desired(pool, &self.rule, self.shares, owner, generation);
         let mut pairs = Vec::new();
         for d in &desired {
             let want = names(d.spec.devices.as_ref());
@@ -306,7 +314,7 @@ impl Reconciler {
         wanted: &[Device],
     ) -> Result<Vec<ResourceSlice>, ClusterError> {
         let mut made = Vec::new();
-        for slice in slices::desired(pool, &self.rule, owner, generation) {
+        for slice in slices::desired(pool, &self.rule, self.shares, owner, generation) {
             let created = self
                 .slices
                 .create(&PostParams::default(), &slice)
@@ -374,20 +382,35 @@ fn exceedable(generation: i64) -> bool {
 /// What the API server dropped of a write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Dropped {
-    /// The devices' taints alone: the `DRADeviceTaints` gate is off.
-    Taints,
+    /// Only the fields of these feature gates (`DRADeviceTaints`: the
+    /// devices' taints; `DRAConsumableCapacity`: `allowMultipleAllocations`
+    /// and capacity request policies): those gates are off.
+    Gates(Vec<&'static str>),
     /// Something else, in words: the first device that differs.
     Other(String),
+}
+
+/// What each gate's fields being dropped means for the pool.
+fn gate_consequence(gate: &str) -> &'static str {
+    if gate == taints::GATE {
+        "device taints were dropped: the linkState attribute still keeps Failed links out of this driver's DeviceClasses"
+    } else {
+        "allowMultipleAllocations and the shares capacity's request policy were dropped: each whole NIC is published exclusive, one claim at a time, as without --shares"
+    }
 }
 
 impl std::fmt::Display for Dropped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Dropped::Taints => write!(
-                f,
-                "device taints were dropped (feature gate {} off?): the linkState attribute still keeps Failed links out of this driver's DeviceClasses",
-                taints::GATE
-            ),
+            Dropped::Gates(gates) => {
+                for (i, gate) in gates.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, "; ")?;
+                    }
+                    write!(f, "feature gate {gate} off? {}", gate_consequence(gate))?;
+                }
+                Ok(())
+            }
             Dropped::Other(first) => write!(f, "(a DRA feature gate off?) {first}"),
         }
     }
@@ -407,8 +430,17 @@ fn dropped(sent: &[Device], kept: &[Device]) -> Option<Dropped> {
                 .find(|k| k.name == s.name)
                 .is_some_and(|k| k.taints.as_ref().is_none_or(Vec::is_empty))
     });
-    if lost_taints && taints::untainted(&sent) == taints::untainted(kept) {
-        return Some(Dropped::Taints);
+    let gates: Vec<&'static str> = [
+        (lost_taints, taints::GATE),
+        (shares::lost(&sent, kept), shares::GATE),
+    ]
+    .into_iter()
+    .filter_map(|(lost, gate)| lost.then_some(gate))
+    .collect();
+    // Nothing but those gates' fields differs.
+    let bare = |d: &[Device]| taints::untainted(&shares::unshared(d));
+    if !gates.is_empty() && bare(&sent[..]) == bare(kept) {
+        return Some(Dropped::Gates(gates));
     }
     Some(Dropped::Other(first_difference(&sent, kept)))
 }

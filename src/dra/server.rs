@@ -29,6 +29,7 @@ use super::rails_file::RailsFile;
 use super::registration::{self, Registrar, Verdict};
 use super::selfcheck;
 use super::service::{ServiceV1, ServiceV1beta1};
+use super::shares::Shares;
 use super::taints::{FailedEffect, TaintRule};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
@@ -77,6 +78,8 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// The effect of a Failed link's taint.
     pub failed_link_taint: FailedEffect,
+    /// Whole NICs exclusive, or shared N ways (consumable capacity).
+    pub shares: Shares,
     /// How often (and at start) checkpointed claims are checked against the
     /// API and stale ones unprepared.
     pub sweep_interval: Duration,
@@ -432,6 +435,7 @@ impl Driver {
                     driver: config.driver.clone(),
                     effect: config.failed_link_taint,
                 },
+                config.shares,
             ),
             loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
             rails: config.rails_file.clone().map(RailsFile::new),
@@ -537,7 +541,8 @@ impl Driver {
                 self.reconcile_retry.succeeded();
                 let writes = done.created + done.updated + done.deleted;
                 self.observed.reconciled(writes, done.generation);
-                self.observed.dropped_fields(self.reconciler.dropped_gate());
+                self.observed
+                    .dropped_fields(self.reconciler.dropped_gates());
                 if writes > 0 {
                     // The generation's JSON, requests and answers are dropped.
                     crate::kubelet::release_freed_memory();

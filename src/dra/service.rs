@@ -36,14 +36,16 @@ impl From<PreparedDevice> for super::api::v1::Device {
             pool_name: d.pool_name,
             device_name: d.device_name,
             cdi_device_ids: d.cdi_device_ids,
-            // Set only for a device allocated with a share ID (consumable
-            // capacity); every device here is allocated whole.
-            share_id: None,
+            // Set only for a share of a shared NIC (consumable capacity):
+            // kubelet keys the prepared device by it beside the claim.
+            share_id: d.share_id,
         }
     }
 }
 
 impl From<PreparedDevice> for super::api::v1beta1::Device {
+    /// v1beta1 has no `share_id`: kubelets that speak only v1beta1 (1.32,
+    /// 1.33) predate consumable capacity, so no share reaches them.
     fn from(d: PreparedDevice) -> Self {
         Self {
             request_names: d.request_names,

@@ -3,6 +3,7 @@
 //! changed" by comparing what it would write with what the server holds.
 
 use super::devices::{Attribute, Pool};
+use super::shares::Shares;
 use super::taints::{TaintRule, DEVICES_PER_SLICE};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -37,15 +38,17 @@ pub fn name_prefix(node: &str, driver: &str) -> String {
 /// [`DEVICES_PER_SLICE`] a slice (the limit for slices whose devices carry
 /// taints, so a taint appearing changes one slice in place rather than the
 /// cut of the pool); an empty pool is one empty slice, so the scheduler sees
-/// the pool (and that it has nothing) rather than none.
+/// the pool (and that it has nothing) rather than none. Whole NICs are
+/// shareable as `shares` says.
 pub fn desired(
     pool: &Pool,
     rule: &TaintRule,
+    shares: Shares,
     owner: &Owner,
     generation: i64,
 ) -> Vec<ResourceSlice> {
     let driver = rule.driver.as_str();
-    let devices = devices(pool, rule);
+    let devices = devices(pool, rule, shares);
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
@@ -91,9 +94,16 @@ pub fn owner_reference(owner: &Owner) -> OwnerReference {
 }
 
 /// The pool's devices as the API types them, in name order (the pool's),
-/// tainted by `rule`.
-pub fn devices(pool: &Pool, rule: &TaintRule) -> Vec<Device> {
-    pool.devices.iter().map(|d| device(d, rule)).collect()
+/// tainted by `rule`, whole NICs shareable as `shares` says.
+pub fn devices(pool: &Pool, rule: &TaintRule, shares: Shares) -> Vec<Device> {
+    pool.devices
+        .iter()
+        .map(|d| {
+            let mut device = device(d, rule);
+            shares.apply(&mut device, d.family);
+            device
+        })
+        .collect()
 }
 
 /// One pool device as the API types it.
@@ -204,7 +214,13 @@ mod tests {
 
     #[test]
     fn a_pool_of_129_devices_is_three_slices_of_one_generation_each_fit_for_taints() {
-        let slices = desired(&pool_of(129), &rule("rdma.gpustack.ai"), &owner(), 7);
+        let slices = desired(
+            &pool_of(129),
+            &rule("rdma.gpustack.ai"),
+            Shares::EXCLUSIVE,
+            &owner(),
+            7,
+        );
         assert_eq!(slices.len(), 3);
         assert_eq!(slices[0].spec.devices.as_ref().unwrap().len(), 64);
         assert_eq!(slices[2].spec.devices.as_ref().unwrap().len(), 1);
@@ -231,7 +247,13 @@ mod tests {
 
     #[test]
     fn an_empty_pool_is_one_empty_slice() {
-        let slices = desired(&pool_of(0), &rule("d.example"), &owner(), 1);
+        let slices = desired(
+            &pool_of(0),
+            &rule("d.example"),
+            Shares::EXCLUSIVE,
+            &owner(),
+            1,
+        );
         assert_eq!(slices.len(), 1);
         assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
         assert_eq!(published_devices(&slices), Some(Vec::new()));
@@ -239,10 +261,22 @@ mod tests {
 
     #[test]
     fn slices_of_two_generations_or_a_missing_one_are_not_a_pool() {
-        let mut slices = desired(&pool_of(200), &rule("d.example"), &owner(), 1);
+        let mut slices = desired(
+            &pool_of(200),
+            &rule("d.example"),
+            Shares::EXCLUSIVE,
+            &owner(),
+            1,
+        );
         slices.pop();
         assert_eq!(published_devices(&slices), None);
-        let mut two = desired(&pool_of(200), &rule("d.example"), &owner(), 1);
+        let mut two = desired(
+            &pool_of(200),
+            &rule("d.example"),
+            Shares::EXCLUSIVE,
+            &owner(),
+            1,
+        );
         two[1].spec.pool.generation = 2;
         assert_eq!(published_devices(&two), None);
         assert_eq!(published_devices(&[]), None);

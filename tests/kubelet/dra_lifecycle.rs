@@ -15,19 +15,19 @@ use std::time::Duration;
 
 const NODE: &str = "node-a";
 
-fn checkpoint(s: &Setup) -> PathBuf {
+pub(crate) fn checkpoint(s: &Setup) -> PathBuf {
     s.place.state_dir.join("dra-checkpoint.json")
 }
 
 /// The checkpoint as JSON, `Null` while it is absent or being replaced.
-fn checkpoint_json(s: &Setup) -> Value {
+pub(crate) fn checkpoint_json(s: &Setup) -> Value {
     std::fs::read(checkpoint(s))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(Value::Null)
 }
 
-fn claim_spec(s: &Setup, uid: &str) -> PathBuf {
+pub(crate) fn claim_spec(s: &Setup, uid: &str) -> PathBuf {
     s.dirs.cdi().join(format!("nodefabric-claim-{uid}.json"))
 }
 

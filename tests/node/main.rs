@@ -14,6 +14,7 @@ mod discovery;
 mod docs;
 mod dra_allocate;
 mod dra_deploy;
+mod dra_deploy_shares;
 mod fabric;
 mod faults;
 mod helm;

@@ -50,6 +50,8 @@ pub mod dra;
 pub mod exec;
 #[path = "apiserver_records.rs"]
 pub mod records;
+#[path = "apiserver_shares.rs"]
+mod shares;
 #[path = "apiserver_watch.rs"]
 mod watches;
 
@@ -151,6 +153,9 @@ pub struct State {
     dropped_device_fields: Vec<String>,
     /// The `DRADeviceTaints` gate is off: devices' taints are dropped.
     pub(crate) taints_gate_off: bool,
+    /// The `DRAConsumableCapacity` gate is off: devices' sharing fields
+    /// are dropped.
+    pub(crate) capacity_gate_off: bool,
     /// The scripted exec answers and the execs served.
     pub exec: exec::Execs,
 }

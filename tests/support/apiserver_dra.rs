@@ -278,6 +278,7 @@ fn validate(obj: &Value) -> Vec<String> {
         if !names.insert(name.to_string()) {
             causes.push(format!("spec.devices[{i}].name: Duplicate value: {name:?}"));
         }
+        super::shares::validate(i, d, &mut causes);
         let attrs = d["attributes"].as_object().cloned().unwrap_or_default();
         let caps = d["capacity"].as_object().map_or(0, |c| c.len());
         if attrs.len() + caps > MAX_ATTRIBUTES {
@@ -427,6 +428,7 @@ fn create(s: &mut State, body: &[u8]) -> (u16, Value) {
         }
     }
     admit_taints(s, &mut obj, None, rv);
+    super::shares::admit(s.capacity_gate_off, &mut obj, None);
     s.objects.insert(key(SLICES, "", &name), obj.clone());
     s.event(rv, SLICES, "", "ADDED", obj.clone());
     (201, obj)
@@ -456,6 +458,7 @@ fn update(s: &mut State, name: &str, body: &[u8]) -> (u16, Value) {
     obj["metadata"]["uid"] = old["metadata"]["uid"].clone();
     obj["metadata"]["resourceVersion"] = json!(rv.to_string());
     admit_taints(s, &mut obj, Some(&old), rv);
+    super::shares::admit(s.capacity_gate_off, &mut obj, Some(&old));
     s.objects.insert(key(SLICES, "", name), obj.clone());
     s.event(rv, SLICES, "", "MODIFIED", obj.clone());
     (200, obj)
@@ -523,13 +526,19 @@ impl State {
         uid: &str,
         results: &[(&str, &str, &str, &str)],
     ) {
-        let rv = self.bump();
         let results: Vec<Value> = results
             .iter()
             .map(|(driver, pool, device, request)| {
                 json!({"driver": driver, "pool": pool, "device": device, "request": request})
             })
             .collect();
+        self.put_claim_results(ns, name, uid, results);
+    }
+
+    /// Stores a ResourceClaim with these allocation results as JSON (a
+    /// share's `shareID` and `consumedCapacity`, say), under `uid`.
+    pub fn put_claim_results(&mut self, ns: &str, name: &str, uid: &str, results: Vec<Value>) {
+        let rv = self.bump();
         let claim = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"namespace": ns, "name": name, "uid": uid, "resourceVersion": rv.to_string()},
@@ -558,6 +567,18 @@ impl State {
     /// with the `DRADeviceTaints` gate off (1.34, 1.35 by default) drops them.
     pub fn disable_device_taints(&mut self) {
         self.taints_gate_off = true;
+    }
+
+    /// From now on, written slices lose their devices' sharing fields, as a
+    /// server with the `DRAConsumableCapacity` gate off (1.34, 1.35 by
+    /// default) drops them.
+    pub fn disable_consumable_capacity(&mut self) {
+        self.capacity_gate_off = true;
+    }
+
+    /// A fresh object UID, for a claim the test stores with its own results.
+    pub fn new_uid(&mut self) -> String {
+        self.uid()
     }
 
     /// From now on, created slices lose this device attribute, as a server
