@@ -212,6 +212,7 @@ mod tests {
                 driver: DRIVER.into(),
                 devices: vec![],
                 rdma_devices: vec!["mlx5_0".into()],
+                nccl_ib_hca: vec![],
             },
         );
         c.save(dir.path()).unwrap();

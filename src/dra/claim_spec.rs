@@ -1,5 +1,6 @@
 //! The one thing Prepare creates per claim: a small CDI spec of its own
-//! whose only device sets `NCCL_IB_HCA` to the claim's RDMA devices, the
+//! whose only device sets `NCCL_IB_HCA` (to every NIC of the container
+//! holding the claim, [`super::nccl`]), the
 //! parity the device plugin gives through Allocate's environment. Its ID is
 //! returned once among the claim's CDI device IDs; everything else a
 //! container gets comes from the publisher's specs.
@@ -25,8 +26,9 @@ pub fn cdi_id(claim_uid: &str) -> String {
     format!("{KIND}={claim_uid}")
 }
 
-/// The claim's spec: one device named after the claim UID.
-pub fn spec(claim_uid: &str, rdma_devices: &[String]) -> Spec {
+/// The claim's spec: one device named after the claim UID, setting
+/// `NCCL_IB_HCA` to `value`.
+pub fn spec(claim_uid: &str, value: &str) -> Spec {
     Spec {
         cdi_version: cdi::CDI_VERSION.to_string(),
         kind: KIND.to_string(),
@@ -34,8 +36,7 @@ pub fn spec(claim_uid: &str, rdma_devices: &[String]) -> Spec {
             name: claim_uid.to_string(),
             annotations: BTreeMap::new(),
             container_edits: ContainerEdits {
-                // `==` asks NCCL for exactly these devices, not a prefix match.
-                env: vec![format!("NCCL_IB_HCA=={}", rdma_devices.join(","))],
+                env: vec![format!("NCCL_IB_HCA={value}")],
                 device_nodes: Vec::new(),
             },
         }],
@@ -45,12 +46,8 @@ pub fn spec(claim_uid: &str, rdma_devices: &[String]) -> Spec {
 
 /// Writes the claim's spec atomically; unchanged bytes are not rewritten.
 /// True when the file was missing or differed.
-pub fn write(
-    cdi_dir: &Path,
-    claim_uid: &str,
-    rdma_devices: &[String],
-) -> Result<bool, PublishError> {
-    let bytes = cdi::to_bytes(&spec(claim_uid, rdma_devices));
+pub fn write(cdi_dir: &Path, claim_uid: &str, value: &str) -> Result<bool, PublishError> {
+    let bytes = cdi::to_bytes(&spec(claim_uid, value));
     publish::write_if_changed(cdi_dir, &file_name(claim_uid), &bytes)
 }
 
@@ -65,7 +62,7 @@ mod tests {
 
     #[test]
     fn the_claim_spec_names_the_claim_and_sets_only_nccl_ib_hca() {
-        let s = spec("0b6c-uid", &["mlx5_0".into(), "mlx5_3".into()]);
+        let s = spec("0b6c-uid", "=mlx5_0,mlx5_3");
         assert_eq!(s.devices.len(), 1);
         assert_eq!(
             s.devices[0].container_edits.env,

@@ -43,6 +43,29 @@ pub struct Prepared {
     pub devices: Vec<PreparedDevice>,
     /// Their RDMA devices, each once.
     pub rdma_devices: Vec<String>,
+    /// What the claim's spec sets `NCCL_IB_HCA` to, as `name:port` entries:
+    /// every NIC of the container(s) holding it ([`super::nccl`]). Empty in
+    /// claims prepared by releases before it (and not written then, so
+    /// their checkpoint keeps its bytes): their spec keeps naming
+    /// [`Prepared::rdma_devices`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nccl_ib_hca: Vec<String>,
+}
+
+impl Prepared {
+    /// The claim spec's `NCCL_IB_HCA` value; `None` when the claim has no
+    /// RDMA device (no spec then).
+    pub fn nccl_value(&self) -> Option<String> {
+        if self.rdma_devices.is_empty() {
+            return None;
+        }
+        Some(if self.nccl_ib_hca.is_empty() {
+            // `=` asks NCCL for exactly these devices, not a prefix match.
+            format!("={}", self.rdma_devices.join(","))
+        } else {
+            super::nccl::value(&self.nccl_ib_hca)
+        })
+    }
 }
 
 /// The most allocation results one claim may hold (`resource.k8s.io/v1`

@@ -15,6 +15,7 @@
 //! | `unprepare_total` | counter, `outcome` | claims unprepared (ok/error) |
 //! | `prepare_duration_seconds` | histogram | one claim's Prepare |
 //! | `prepared_failed_link_total` | counter | devices prepared whose link had failed since allocation |
+//! | `nccl_inexact_total` | counter | claims prepared whose `NCCL_IB_HCA` names only their own NICs, the NICs their container holds beside them not being known (pod unreadable, containers disagreeing) |
 //! | `server_dropped_fields` | gauge (0/1), `gate` | the API server dropped fields of the last slice write (the gate named is off: `DRADeviceTaints` or `DRAConsumableCapacity`) |
 //! | `swept_claims_total` | counter | stale claims unprepared by the sweep (their pods gone without an Unprepare) |
 //! | `socket_check_failures_total` | counter | self-checks in which the registration or DRA socket did not answer |
@@ -77,6 +78,7 @@ pub struct Observed {
     unprepare: Family<OutcomeLabel, Counter>,
     prepare_seconds: Histogram,
     failed_link: Counter,
+    nccl_inexact: Counter,
     dropped: Family<GateLabel, Gauge>,
     swept: Counter,
     socket_check_failures: Counter,
@@ -105,6 +107,7 @@ impl Observed {
             // 50 µs to about 0.8 s: a checkpointed claim, or one API read.
             prepare_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 15)),
             failed_link: Counter::default(),
+            nccl_inexact: Counter::default(),
             dropped: Family::default(),
             swept: Counter::default(),
             socket_check_failures: Counter::default(),
@@ -148,6 +151,11 @@ impl Observed {
             "prepared_failed_link",
             "Devices prepared whose link had failed since allocation",
             o.failed_link.clone(),
+        );
+        registry.register(
+            "nccl_inexact",
+            "Claims prepared whose NCCL_IB_HCA names only their own NICs (their container's other NICs not known)",
+            o.nccl_inexact.clone(),
         );
         registry.register(
             "server_dropped_fields",
@@ -228,6 +236,11 @@ impl Observed {
     /// A device was prepared whose link failed after it was allocated.
     pub fn prepared_failed_link(&self) {
         self.failed_link.inc();
+    }
+
+    /// A claim was prepared with only its own NICs in `NCCL_IB_HCA`.
+    pub fn nccl_inexact(&self) {
+        self.nccl_inexact.inc();
     }
 
     /// The server dropped fields of the last slice write, those of the

@@ -11,6 +11,7 @@
 //! - [`slices`]: the pool as ResourceSlices (pure).
 //! - [`claims`]: what Prepare answers for one claim (pure).
 //! - [`claim_spec`]: the one small CDI spec a claim gets (`NCCL_IB_HCA`).
+//! - [`nccl`]: that value: every NIC of the container holding the claim.
 //! - [`checkpoint`]: the prepared claims, kept across restarts.
 //! - [`lock`]: one driver per state folder, across processes.
 //! - [`shares`]: whole NICs shared through consumable capacity (`--shares`).
@@ -35,6 +36,7 @@ pub mod devices;
 pub mod health;
 pub mod lock;
 pub mod metrics;
+pub mod nccl;
 pub mod preparer;
 pub mod publish;
 pub mod rails_file;

@@ -20,6 +20,7 @@ use super::claim_spec;
 use super::claims::{self, ClaimError, Prepared, PreparedDevice};
 use super::devices::Pool;
 use super::metrics::Observed;
+use super::nccl;
 use super::shares::{self, Conflict};
 use crate::cluster::ClusterError;
 use crate::record::LinkState;
@@ -258,29 +259,19 @@ impl Preparer {
             out.insert(claim.uid, answer);
         }
 
-        // The rest read at once, each within what is left of the budget.
-        let reads: Vec<(ClaimRef, Result<ResourceClaim, PrepareError>)> =
-            futures::stream::iter(to_read)
-                .map(|claim| async move {
-                    let read = self.read_claim(&claim, until).await;
-                    (claim, read)
-                })
-                .buffer_unordered(READ_CONCURRENCY)
-                .collect()
-                .await;
+        // The rest read at once, each within what is left of the budget,
+        // with what their containers hold beside them (for NCCL_IB_HCA).
+        let reads: Vec<(ClaimRef, Result<Prepared, PrepareError>)> = futures::stream::iter(to_read)
+            .map(|claim| async move {
+                let read = self.read_and_decide(&claim, until).await;
+                (claim, read)
+            })
+            .buffer_unordered(READ_CONCURRENCY)
+            .collect()
+            .await;
         let pool = self.pool.borrow().clone();
         let mut decided = Vec::new();
-        for (claim, read) in reads {
-            let prepared = read.and_then(|c| {
-                claims::prepare(
-                    &c,
-                    &claim.uid,
-                    &self.options.driver,
-                    &self.options.node_name,
-                    &pool,
-                )
-                .map_err(PrepareError::from)
-            });
+        for (claim, prepared) in reads {
             match prepared {
                 Ok(p) => decided.push((claim, p)),
                 Err(e) => {
@@ -329,10 +320,8 @@ impl Preparer {
                 continue;
             }
             self.warn_failed_links(&claim, &prepared, pool);
-            if !prepared.rdma_devices.is_empty() {
-                if let Err(e) =
-                    claim_spec::write(&self.options.cdi_dir, &claim.uid, &prepared.rdma_devices)
-                {
+            if let Some(value) = prepared.nccl_value() {
+                if let Err(e) = claim_spec::write(&self.options.cdi_dir, &claim.uid, &value) {
                     let error = self.spec_error(&claim, "writing", e.one_line());
                     out.insert(claim.uid, Err(error));
                     continue;
@@ -392,8 +381,8 @@ impl Preparer {
                 }
             }
         }
-        if !done.rdma_devices.is_empty() {
-            claim_spec::write(&self.options.cdi_dir, &claim.uid, &done.rdma_devices)
+        if let Some(value) = done.nccl_value() {
+            claim_spec::write(&self.options.cdi_dir, &claim.uid, &value)
                 .map_err(|e| self.spec_error(claim, "writing", e.one_line()))?;
         }
         Ok(Answered::of(&claim.uid, done))
@@ -425,6 +414,48 @@ impl Preparer {
             path: self.options.cdi_dir.join(claim_spec::file_name(&claim.uid)),
             cause,
         }
+    }
+
+    /// Reads `claim` and decides what it prepares to in the pool as
+    /// published once it is read, its `NCCL_IB_HCA` entries included: every
+    /// NIC of the containers holding it, or, when those cannot be known,
+    /// its own (said, and counted).
+    async fn read_and_decide(
+        &self,
+        claim: &ClaimRef,
+        until: Instant,
+    ) -> Result<Prepared, PrepareError> {
+        let found = self.read_claim(claim, until).await?;
+        let pool = self.pool.borrow().clone();
+        let pool = pool.as_ref();
+        let mut prepared = claims::prepare(
+            &found,
+            &claim.uid,
+            &self.options.driver,
+            &self.options.node_name,
+            pool,
+        )?;
+        let place = nccl::Place {
+            driver: &self.options.driver,
+            pool_name: &self.options.node_name,
+            pool,
+        };
+        let told =
+            nccl::read_union(&self.client, &found, place, until, self.options.api_timeout).await;
+        prepared.nccl_ib_hca = match told {
+            Ok(entries) => entries,
+            Err(why) => {
+                self.observed.nccl_inexact();
+                warn!("Prepare: {claim}: NCCL_IB_HCA names only this claim's NICs, since the NICs its container holds beside them are not known: {why}");
+                prepared
+                    .devices
+                    .iter()
+                    .filter_map(|d| pool.device(&d.device_name))
+                    .map(nccl::entry)
+                    .collect()
+            }
+        };
+        Ok(prepared)
     }
 
     /// Reads `claim`, within `--api-timeout` and what is left until `until`.
@@ -646,11 +677,11 @@ impl Answered {
 /// `cdi_dir` is missing or changed, naming the claim.
 fn restore_specs(cdi_dir: &Path, checkpoint: &Checkpoint) {
     for (uid, prepared) in &checkpoint.claims {
-        if prepared.rdma_devices.is_empty() {
+        let Some(value) = prepared.nccl_value() else {
             continue;
-        }
+        };
         let claim = ClaimRef::of(uid.clone(), prepared);
-        match claim_spec::write(cdi_dir, uid, &prepared.rdma_devices) {
+        match claim_spec::write(cdi_dir, uid, &value) {
             Ok(false) => {}
             Ok(true) => warn!(
                 "the CDI spec of prepared {claim} was missing or changed: written again as {}",
@@ -720,6 +751,7 @@ mod tests {
                 driver: "rdma.gpustack.ai".into(),
                 devices: vec![device("pci-0000-3b-00-0")],
                 rdma_devices: vec![],
+                nccl_ib_hca: vec![],
             },
         );
         let b = ClaimRef {

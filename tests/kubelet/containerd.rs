@@ -6,10 +6,12 @@
 //! annotation form), StartContainer. The container lists its
 //! `/dev/infiniband`, which must hold exactly the granted endpoint's verbs
 //! device and `rdma_cm`, with the numbers from the spec, and its
-//! `NCCL_IB_HCA`. Then the DRA path: the real `nodefabric-dra` prepares a
-//! claim for the same endpoint and containerd gets only the CDI device IDs
-//! Prepare returned (the endpoint's, and the claim's own spec that sets
-//! `NCCL_IB_HCA`).
+//! `NCCL_IB_HCA`. Then the DRA path: the real `nodefabric-dra` prepares two
+//! claims (that endpoint, and another) held by one container, and
+//! containerd gets only the CDI device IDs Prepare returned, in the
+//! container's order of its claims (each endpoint's, and each claim's own
+//! spec that sets `NCCL_IB_HCA`): the container sees both endpoints and
+//! both NICs in `NCCL_IB_HCA`, whichever claim's spec came last.
 //!
 //! The specs are the files `publish` wrote, byte for byte (cdiVersion 0.6.0,
 //! annotations kept). No image can be pulled here: the sandbox and the test
@@ -221,98 +223,124 @@ async fn allocate(
     resp.container_responses.into_iter().next().unwrap()
 }
 
-/// A claim the DRA driver prepared, and what to undo it with.
+/// Claims the DRA driver prepared for one container, and what to undo
+/// them with.
 struct Prepared {
-    /// Prepare's answer in the form kubelet hands to the runtime.
+    /// Prepare's answers in the form kubelet hands them to the runtime: the
+    /// CDI devices of each claim, in the container's order of its claims.
     allocation: api::ContainerAllocateResponse,
     driver: crate::support::dra::Driver,
-    uid: String,
+    /// Each claim's name and UID.
+    claims: Vec<(String, String)>,
     _cluster: crate::support::cluster::Cluster,
 }
 
 impl Prepared {
-    /// Unprepares the claim; the driver's exit status and the claim spec's path.
-    async fn unprepare(self) -> (std::process::ExitStatus, PathBuf) {
+    /// Unprepares the claims; the claim specs' paths, once the driver exited
+    /// cleanly.
+    async fn unprepare(self) -> Vec<PathBuf> {
         use nodefabric::dra::api::v1;
+        let claims: Vec<v1::Claim> = self
+            .claims
+            .iter()
+            .map(|(name, uid)| v1::Claim {
+                namespace: "default".into(),
+                name: name.clone(),
+                uid: uid.clone(),
+            })
+            .collect();
         let answer = self
             .driver
             .v1()
             .await
-            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                claims: vec![v1::Claim {
-                    namespace: "default".into(),
-                    name: "one-nic".into(),
-                    uid: self.uid.clone(),
-                }],
-            })
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(answer.claims[&self.uid].error, "");
-        let spec = self
-            .driver
-            .place
-            .cdi_dir
-            .join(format!("nodefabric-claim-{}.json", self.uid));
+        let specs = self
+            .claims
+            .iter()
+            .map(|(_, uid)| {
+                assert_eq!(answer.claims[uid].error, "");
+                self.driver
+                    .place
+                    .cdi_dir
+                    .join(format!("nodefabric-claim-{uid}.json"))
+            })
+            .collect();
         let (status, log) = self.driver.terminate();
         assert!(status.success(), "{log}");
-        (status, spec)
+        specs
     }
 }
 
-/// The real DRA driver on `cdi_dir`, against the API stand-in, prepares a
-/// claim allocated the device whose RDMA device is `rdma`.
-async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdma: &str) -> Prepared {
+/// The real DRA driver on `cdi_dir`, against the API stand-in, prepares
+/// one claim per RDMA device of `rdmas`, each allocated that device, all
+/// held by one container of one pod (reserved for it, as the scheduler
+/// leaves them).
+async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdmas: &[&str]) -> Prepared {
     use crate::support::dra::{place, Driver, DRIVER};
     use nodefabric::dra::api::v1;
     let cluster = crate::support::cluster::Cluster::start(dir);
     cluster.api.add_node("node-a");
     let place = place(dir, cdi_dir, &cluster.dra_kubeconfig, "node-a");
     let driver = Driver::start(&place, &["--interval", "1h"]);
-    let device = wait::until(
-        "the slices",
-        || {
-            cluster.api.with(|s| {
-                s.resource_slices()
-                    .iter()
-                    .flat_map(|x| x["spec"]["devices"].as_array().cloned().unwrap_or_default())
-                    .find(|d| d["attributes"]["rdmaDevice"]["string"] == rdma)
-                    .map(|d| d["name"].as_str().unwrap().to_string())
-            })
-        },
-        Option::is_some,
-    )
-    .unwrap();
-    let uid = cluster
+    let device_of = |rdma: &str| {
+        cluster.api.with(|s| {
+            s.resource_slices()
+                .iter()
+                .flat_map(|x| x["spec"]["devices"].as_array().cloned().unwrap_or_default())
+                .find(|d| d["attributes"]["rdmaDevice"]["string"] == rdma)
+                .map(|d| d["name"].as_str().unwrap().to_string())
+        })
+    };
+    let mut claims = Vec::new();
+    for (i, rdma) in rdmas.iter().enumerate() {
+        let device = wait::until("the slices", || device_of(rdma), Option::is_some).unwrap();
+        let name = format!("nic-{i}");
+        let uid = cluster
+            .api
+            .with(|s| s.put_claim("default", &name, &[(DRIVER, "node-a", &device, "nic")]));
+        claims.push((name, uid));
+    }
+    let names: Vec<&str> = claims.iter().map(|(n, _)| n.as_str()).collect();
+    cluster
         .api
-        .with(|s| s.put_claim("default", "one-nic", &[(DRIVER, "node-a", &device, "nic")]));
+        .with(|s| s.put_pod_holding("default", "job", &[("rdma", &names)]));
     let answer = driver
         .v1()
         .await
         .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![v1::Claim {
-                namespace: "default".into(),
-                name: "one-nic".into(),
-                uid: uid.clone(),
-            }],
+            claims: claims
+                .iter()
+                .map(|(name, uid)| v1::Claim {
+                    namespace: "default".into(),
+                    name: name.clone(),
+                    uid: uid.clone(),
+                })
+                .collect(),
         })
         .await
         .unwrap()
         .into_inner();
-    let one = &answer.claims[&uid];
-    assert_eq!(one.error, "");
-    let ids: Vec<String> = one
-        .devices
-        .iter()
-        .flat_map(|d| d.cdi_device_ids.clone())
-        .collect();
-    assert_eq!(
-        ids,
-        [
-            format!("gpustack.ai/rdma={rdma}"),
-            format!("gpustack.ai/rdma-claim={uid}")
-        ]
-    );
+    let mut ids = Vec::new();
+    for ((_, uid), rdma) in claims.iter().zip(rdmas) {
+        let one = &answer.claims[uid];
+        assert_eq!(one.error, "");
+        let these: Vec<String> = one
+            .devices
+            .iter()
+            .flat_map(|d| d.cdi_device_ids.clone())
+            .collect();
+        assert_eq!(
+            these,
+            [
+                format!("gpustack.ai/rdma={rdma}"),
+                format!("gpustack.ai/rdma-claim={uid}")
+            ]
+        );
+        ids.extend(these);
+    }
     Prepared {
         allocation: api::ContainerAllocateResponse {
             cdi_devices: ids
@@ -322,7 +350,7 @@ async fn prepare_with_dra(dir: &Path, cdi_dir: &Path, rdma: &str) -> Prepared {
             ..Default::default()
         },
         driver,
-        uid,
+        claims,
         _cluster: cluster,
     }
 }
@@ -575,20 +603,32 @@ async fn containerd_injects_the_allocated_endpoint_from_the_published_spec() {
         "CDI annotations"
     );
 
-    // The DRA path: the driver's Prepare answer, as kubelet hands it over
-    // (typed CDI devices only; NCCL_IB_HCA comes from the claim's own spec).
-    let claim = prepare_with_dra(tmp.path(), &cdi, "mlx5_3").await;
+    // The DRA path: the driver's Prepare answers, as kubelet hands them
+    // over (typed CDI devices only; NCCL_IB_HCA comes from each claim's own
+    // spec), for a container holding two claims of one NIC each: containerd
+    // applies the second claim's spec last, and it must still name both
+    // NICs, each with its port.
+    let claims = prepare_with_dra(tmp.path(), &cdi, &["mlx5_3", "mlx5_0"]).await;
+    let both = expected(
+        &[
+            ("/dev/infiniband/uverbs0", 231, 0),
+            ("/dev/infiniband/uverbs3", 231, 3),
+            ("/dev/infiniband/rdma_cm", 10, 58),
+        ],
+        "=mlx5_0:1,mlx5_3:1",
+    );
     assert_eq!(
-        run_with(&ctd, "dra", &claim.allocation).await,
-        want,
-        "DRA Prepare's CDI devices"
+        run_with(&ctd, "dra", &claims.allocation).await,
+        both,
+        "DRA Prepare's CDI devices of two claims"
     );
-    let (_, claim_spec) = claim.unprepare().await;
-    assert!(
-        !claim_spec.exists(),
-        "Unprepare removes {}",
-        claim_spec.display()
-    );
+    for claim_spec in claims.unprepare().await {
+        assert!(
+            !claim_spec.exists(),
+            "Unprepare removes {}",
+            claim_spec.display()
+        );
+    }
 
     // containerd read the published files as they are and changed none of them.
     for (path, bytes) in &published {

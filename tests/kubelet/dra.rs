@@ -387,7 +387,12 @@ async fn a_batch_fails_only_its_bad_claims_and_a_killed_driver_still_unprepares(
     let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
     assert_eq!(
         spec["devices"][0]["containerEdits"]["env"][0],
-        format!("NCCL_IB_HCA=={},{}", rdma(&devices[0]), rdma(&devices[1]))
+        // No pod holds it: its own NICs, each with its port.
+        format!(
+            "NCCL_IB_HCA=={}:1,{}:1",
+            rdma(&devices[0]),
+            rdma(&devices[1])
+        )
     );
     assert!(
         answer.claims[&gone].error.contains("team/gone"),

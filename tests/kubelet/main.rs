@@ -13,6 +13,7 @@ mod dra;
 mod dra_faults;
 mod dra_health;
 mod dra_lifecycle;
+mod dra_nccl;
 mod dra_shares;
 mod plugin;
 mod podman;

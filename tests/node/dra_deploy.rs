@@ -642,9 +642,9 @@ fn the_dra_driver_mounts_the_folders_its_flags_name_at_the_hosts_own_paths() {
 // ---- RBAC ----------------------------------------------------------------------
 
 #[test]
-fn the_dra_account_may_write_its_slices_get_claims_and_get_nodes_and_nothing_else() {
+fn the_dra_account_may_write_its_slices_get_claims_nodes_and_pods_and_nothing_else() {
     let Some(dra) =
-        with_dra("the_dra_account_may_write_its_slices_get_claims_and_get_nodes_and_nothing_else")
+        with_dra("the_dra_account_may_write_its_slices_get_claims_nodes_and_pods_and_nothing_else")
     else {
         return;
     };
@@ -680,11 +680,19 @@ fn the_dra_account_may_write_its_slices_get_claims_and_get_nodes_and_nothing_els
         );
     }
     assert_eq!(verbs(&rbac, me, "", "nodes", None, Some("node-a")), ["get"]);
+    // The pods a claim is reserved for, in any namespace, one by name: their
+    // containers' other claims make NCCL_IB_HCA.
+    for ns in ["default", "team-a"] {
+        assert_eq!(
+            verbs(&rbac, me, "", "pods", Some(ns), Some("job-0")),
+            ["get"]
+        );
+    }
     for (group, resource, ns) in [
         ("resource.k8s.io", "resourceclaims/status", Some("default")),
         ("resource.k8s.io", "deviceclasses", None),
         ("resource.k8s.io", "resourceclaimtemplates", Some("default")),
-        ("", "pods", Some("default")),
+        ("", "pods/exec", Some("default")),
         ("", "secrets", Some("nodefabric")),
         ("", "configmaps", Some("nodefabric")),
         ("", "nodes/status", None),

@@ -569,6 +569,51 @@ impl State {
         self.taints_gate_off = true;
     }
 
+    /// Stores pod `ns/name` whose containers hold these claims (container
+    /// name, the ResourceClaim objects it names), each claim named in the
+    /// pod's `spec.resourceClaims` by `resourceClaimName`, and reserves each
+    /// stored claim for the pod (`status.reservedFor`), as the scheduler does
+    /// before the pod reaches kubelet. Returns the pod's UID.
+    pub fn put_pod_holding(
+        &mut self,
+        ns: &str,
+        name: &str,
+        containers: &[(&str, &[&str])],
+    ) -> String {
+        let uid = self.uid();
+        let rv = self.bump();
+        let mut claims: Vec<&str> = containers
+            .iter()
+            .flat_map(|(_, c)| c.iter().copied())
+            .collect();
+        claims.sort();
+        claims.dedup();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": ns, "name": name, "uid": uid, "resourceVersion": rv.to_string()},
+            "spec": {
+                "containers": containers.iter().map(|(c, held)| json!({"name": c, "image": "busybox",
+                    "resources": {"claims": held.iter().map(|h| json!({"name": h})).collect::<Vec<_>>()}})).collect::<Vec<_>>(),
+                "resourceClaims": claims.iter().map(|c| json!({"name": c, "resourceClaimName": c})).collect::<Vec<_>>(),
+            },
+            "status": {"phase": "Pending"}});
+        self.objects.insert(key("pods", ns, name), pod);
+        for c in claims {
+            if let Some(claim) = self.objects.get_mut(&key(CLAIMS, ns, c)) {
+                let reserved = json!({"resource": "pods", "name": name, "uid": uid});
+                match claim["status"]["reservedFor"].as_array_mut() {
+                    Some(list) => list.push(reserved),
+                    None => claim["status"]["reservedFor"] = json!([reserved]),
+                }
+            }
+        }
+        uid
+    }
+
+    /// Deletes pod `ns/name`.
+    pub fn delete_pod(&mut self, ns: &str, name: &str) {
+        self.objects.remove(&key("pods", ns, name));
+    }
+
     /// From now on, written slices lose their devices' sharing fields, as a
     /// server with the `DRAConsumableCapacity` gate off (1.34, 1.35 by
     /// default) drops them.

@@ -95,7 +95,12 @@ pub fn route(s: &State, method: &str, seg: &[&str], query: &str) -> Option<(u16,
             }
         }
         ("GET", ["api", "v1", "namespaces", ns, "pods"]) => list_pods(s, ns, query),
-        ("GET", ["api", "v1", "namespaces", _, "pods", name]) => not_found("pods", name),
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match s.objects.get(&super::key("pods", ns, name)) {
+                Some(p) => (200, p.clone()),
+                None => not_found("pods", name),
+            }
+        }
         _ => return None,
     })
 }
