@@ -151,7 +151,7 @@ fn docs_dra_lists_every_probe_endpoint_and_every_metric_the_driver_registers() {
     // A labelled family is printed once it has a sample: one of each.
     observed.prepared(true, std::time::Duration::ZERO);
     observed.unprepared(true);
-    observed.dropped_fields(None);
+    observed.dropped_fields(&[]);
     let text = observed.metrics();
     // `# TYPE nodefabric_dra_<name> <type>`; a counter's samples end `_total`.
     let mut metrics = 0;
