@@ -12,6 +12,7 @@
 //! and fill it in with what they serve, register and reload.
 pub mod args;
 pub mod authority;
+pub mod backoff;
 pub mod chain;
 pub mod command;
 pub mod conn;
