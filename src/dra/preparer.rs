@@ -15,7 +15,7 @@
 //! claim and unprepares those the API no longer allocates here, under the
 //! same rule: read without the lock, then lock, re-check and write once.
 
-use super::checkpoint::{Checkpoint, LoadError};
+use super::checkpoint::{Checkpoint, CheckpointError, LoadError};
 use super::claim_spec;
 use super::claims::{self, ClaimError, Prepared, PreparedDevice};
 use super::devices::Pool;
@@ -23,6 +23,7 @@ use super::metrics::Observed;
 use super::nccl;
 use super::shares::{self, Conflict};
 use crate::cluster::ClusterError;
+use crate::publish::PublishError;
 use crate::record::LinkState;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -154,26 +155,46 @@ pub enum PrepareError {
         cdi_id: String,
     },
     /// The claim's own CDI spec could not be written or removed.
-    #[error("{claim}: {action} {path}: {cause}")]
+    #[error("{claim}: {} {path}: {cause}", .cause.action())]
     Spec {
         /// The claim.
         claim: String,
-        /// "writing" or "removing".
-        action: &'static str,
         /// The spec file.
         path: PathBuf,
-        /// What the file system said.
-        cause: String,
+        /// What the file system said, and whether writing or removing.
+        cause: SpecFileError,
     },
     /// The checkpoint could not be written; nothing of the call was kept.
     #[error("{claim}: {cause}")]
     Checkpoint {
         /// The claim.
         claim: String,
-        /// The checkpoint error, in words (one error fails every claim of
-        /// the call).
-        cause: String,
+        /// The checkpoint error, shared: one error fails every claim of the
+        /// call.
+        cause: Arc<CheckpointError>,
     },
+}
+
+/// Why a claim's own CDI spec could not be written or removed, kept typed
+/// until kubelet's answer or the log says it.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecFileError {
+    /// Writing it failed; said with its causes on one line.
+    #[error("{}", .0.one_line())]
+    Write(#[source] PublishError),
+    /// Removing it failed.
+    #[error(transparent)]
+    Remove(std::io::Error),
+}
+
+impl SpecFileError {
+    /// The verb the message puts before the file.
+    fn action(&self) -> &'static str {
+        match self {
+            SpecFileError::Write(_) => "writing",
+            SpecFileError::Remove(_) => "removing",
+        }
+    }
 }
 
 /// One answer per claim UID.
@@ -323,7 +344,7 @@ impl Preparer {
             self.warn_failed_links(&claim, &prepared, pool);
             if let Some(value) = prepared.nccl_value() {
                 if let Err(e) = claim_spec::write(&self.site.cdi_dir, &claim.uid, &value) {
-                    let error = self.spec_error(&claim, "writing", e.one_line());
+                    let error = self.spec_error(&claim, SpecFileError::Write(e));
                     out.insert(claim.uid, Err(error));
                     continue;
                 }
@@ -348,12 +369,13 @@ impl Preparer {
                 }
             }
             Err(e) => {
+                let e = Arc::new(e);
                 for (claim, _) in added {
                     checkpoint.claims.remove(&claim.uid);
                     let _ = claim_spec::remove(&self.site.cdi_dir, &claim.uid);
                     let error = PrepareError::Checkpoint {
                         claim: claim.to_string(),
-                        cause: e.to_string(),
+                        cause: e.clone(),
                     };
                     out.insert(claim.uid, Err(error));
                 }
@@ -384,7 +406,7 @@ impl Preparer {
         }
         if let Some(value) = done.nccl_value() {
             claim_spec::write(&self.site.cdi_dir, &claim.uid, &value)
-                .map_err(|e| self.spec_error(claim, "writing", e.one_line()))?;
+                .map_err(|e| self.spec_error(claim, SpecFileError::Write(e)))?;
         }
         Ok(Answered::of(&claim.uid, done))
     }
@@ -408,10 +430,10 @@ impl Preparer {
         }
     }
 
-    fn spec_error(&self, claim: &ClaimRef, action: &'static str, cause: String) -> PrepareError {
+    /// The error naming `claim` and its spec file.
+    fn spec_error(&self, claim: &ClaimRef, cause: SpecFileError) -> PrepareError {
         PrepareError::Spec {
             claim: claim.to_string(),
-            action,
             path: self.site.cdi_dir.join(claim_spec::file_name(&claim.uid)),
             cause,
         }
@@ -532,7 +554,7 @@ impl Preparer {
                 continue;
             }
             if let Err(e) = claim_spec::remove(&self.site.cdi_dir, &claim.uid) {
-                let e = self.spec_error(&claim, "removing", e.to_string());
+                let e = self.spec_error(&claim, SpecFileError::Remove(e));
                 warn!("sweeping stale {claim} ({why}): {e}; kept until the next sweep");
                 continue;
             }
@@ -614,7 +636,7 @@ impl Preparer {
                 continue;
             }
             if let Err(e) = claim_spec::remove(&self.site.cdi_dir, &claim.uid) {
-                let error = self.spec_error(&claim, "removing", e.to_string());
+                let error = self.spec_error(&claim, SpecFileError::Remove(e));
                 out.insert(claim.uid, Err(error));
                 continue;
             }
@@ -633,11 +655,12 @@ impl Preparer {
                 Err(e) => {
                     // Kept as prepared: the next look writes their specs
                     // back, and kubelet calls Unprepare again.
+                    let e = Arc::new(e);
                     for (claim, gone) in removed {
                         checkpoint.claims.insert(claim.uid.clone(), gone);
                         let error = PrepareError::Checkpoint {
                             claim: claim.to_string(),
-                            cause: e.to_string(),
+                            cause: e.clone(),
                         };
                         out.insert(claim.uid, Err(error));
                     }
@@ -732,6 +755,19 @@ mod tests {
             Duration::from_millis(2700)
         );
         assert_eq!(budget(Some(Duration::ZERO)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_spec_file_error_says_the_verb_the_file_and_the_cause() {
+        let e = PrepareError::Spec {
+            claim: "ResourceClaim team/a (uid-a)".into(),
+            path: PathBuf::from("/var/run/cdi/a.json"),
+            cause: SpecFileError::Remove(std::io::Error::from_raw_os_error(13)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "ResourceClaim team/a (uid-a): removing /var/run/cdi/a.json: Permission denied (os error 13)"
+        );
     }
 
     #[test]

@@ -546,12 +546,11 @@ impl Driver {
                     .clear("slices", || "ResourceSlices published".into());
             }
             Err(e) => {
-                let why = e.to_string();
-                self.observed.reconcile_failed(why.clone());
                 self.quiet.warn(
                     "slices",
-                    format!("publishing ResourceSlices, retrying with backoff: {why}"),
+                    format!("publishing ResourceSlices, retrying with backoff: {e}"),
                 );
+                self.observed.reconcile_failed(e);
                 self.failed = true;
                 self.reconcile_retry.failed();
             }
