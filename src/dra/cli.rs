@@ -1,6 +1,7 @@
 //! The `nodefabric-dra` command line. Kept in the library so the deploy
 //! tests can parse manifests' container args with the real parser.
 
+use super::preparer::Site;
 use super::server::{self, Config, RunError};
 use super::shares::{Shares, SharesError};
 use super::taints::FailedEffect;
@@ -192,16 +193,18 @@ impl DraCli {
     /// The server configuration this command line asks for.
     pub fn config(&self) -> Config {
         Config {
-            node_name: self.node_name.clone(),
-            driver: self.driver_name.clone(),
+            site: Site {
+                driver: self.driver_name.clone(),
+                node_name: self.node_name.clone(),
+                cdi_dir: self.cdi.cdi_dir.clone(),
+                state_dir: self.state_dir.clone(),
+                api_timeout: self.api_timeout,
+            },
             kubelet_root: self.kubelet_root_dir.clone(),
-            cdi_dir: self.cdi.cdi_dir.clone(),
-            state_dir: self.state_dir.clone(),
             rails_file: self.rails_file.clone(),
             interval: self.interval,
             poll_interval: self.common.poll_interval,
             max_spec_bytes: self.common.max_spec_bytes,
-            api_timeout: self.api_timeout,
             metrics_addr: self.common.metrics_addr,
             failed_link_taint: self.failed_link_taint,
             shares: self.shares,

@@ -69,11 +69,27 @@ fn list(pool_name: &str, pool: &Pool) -> Vec<api::DeviceHealth> {
         .collect()
 }
 
-/// What changes a device's health: its name, verdict and message.
-fn verdicts(pool: &Pool) -> Vec<(String, LinkState, Option<String>)> {
+/// What changes a device's health, compared to tell whether kubelet needs
+/// a new list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Verdict {
+    /// The device's name.
+    device: String,
+    /// Its link's verdict.
+    link: LinkState,
+    /// The message beside it (its ports' states).
+    ports: Option<String>,
+}
+
+/// Each device's [`Verdict`], in pool order.
+fn verdicts(pool: &Pool) -> Vec<Verdict> {
     pool.devices
         .iter()
-        .map(|d| (d.name.clone(), d.link, d.ports.clone()))
+        .map(|d| Verdict {
+            device: d.name.clone(),
+            link: d.link,
+            ports: d.ports.clone(),
+        })
         .collect()
 }
 

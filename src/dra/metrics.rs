@@ -20,6 +20,8 @@
 //! | `swept_claims_total` | counter | stale claims unprepared by the sweep (their pods gone without an Unprepare) |
 //! | `socket_check_failures_total` | counter | self-checks in which the registration or DRA socket did not answer |
 
+use super::selfcheck::SelfCheckError;
+use crate::cluster::ClusterError;
 use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -27,7 +29,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The outcome label of the Prepare and Unprepare counters.
@@ -53,7 +55,7 @@ struct GateLabel {
 struct Readiness {
     registered: bool,
     /// The last reconcile's error; `None` once slices are in place.
-    slices: Option<String>,
+    slices: Option<ClusterError>,
     /// Whether any reconcile has succeeded yet.
     published: bool,
     /// The unreadable CDI specs, with why.
@@ -61,8 +63,31 @@ struct Readiness {
     /// A folder deleted on the host under the driver's mount, with why.
     stale: Option<String>,
     /// The driver's own socket that did not answer its last self-check.
-    silent_socket: Option<String>,
+    silent_socket: Option<Arc<SelfCheckError>>,
 }
+
+/// Why `/healthz` fails: what only a restart of the driver mends. Text only
+/// in the probe's answer, one cause a line.
+#[derive(Debug, Clone)]
+pub struct Unhealthy {
+    /// A folder deleted on the host under the driver's mount, with why.
+    stale: Option<String>,
+    /// The driver's own socket that did not answer its last self-check.
+    silent_socket: Option<Arc<SelfCheckError>>,
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.stale, &self.silent_socket) {
+            (Some(stale), Some(silent)) => write!(f, "{stale}\n{silent}"),
+            (Some(stale), None) => write!(f, "{stale}"),
+            (None, Some(silent)) => write!(f, "{silent}"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for Unhealthy {}
 
 /// Every metric and the readiness facts, shared by the loop, the services
 /// and the HTTP server.
@@ -206,7 +231,7 @@ impl Observed {
     }
 
     /// A reconcile failed.
-    pub fn reconcile_failed(&self, why: String) {
+    pub fn reconcile_failed(&self, why: ClusterError) {
         self.reconcile_errors.inc();
         self.readiness().slices = Some(why);
     }
@@ -261,11 +286,11 @@ impl Observed {
 
     /// The last self-check's verdict on the driver's own sockets: `Some`
     /// names the one that did not answer, and fails liveness.
-    pub fn sockets_answer(&self, silent: Option<String>) {
+    pub fn sockets_answer(&self, silent: Option<SelfCheckError>) {
         if silent.is_some() {
             self.socket_check_failures.inc();
         }
-        self.readiness().silent_socket = silent;
+        self.readiness().silent_socket = silent.map(Arc::new);
     }
 
     /// One claim's Unprepare ended.
@@ -275,13 +300,17 @@ impl Observed {
 }
 
 impl Probes for Observed {
-    fn healthy(&self) -> Result<(), String> {
+    type Unhealthy = Unhealthy;
+
+    fn healthy(&self) -> Result<(), Unhealthy> {
         let r = self.readiness();
-        match (&r.stale, &r.silent_socket) {
-            (None, None) => Ok(()),
-            (Some(why), None) | (None, Some(why)) => Err(why.clone()),
-            (Some(stale), Some(silent)) => Err(format!("{stale}\n{silent}")),
+        if r.stale.is_none() && r.silent_socket.is_none() {
+            return Ok(());
         }
+        Err(Unhealthy {
+            stale: r.stale.clone(),
+            silent_socket: r.silent_socket.clone(),
+        })
     }
 
     fn ready(&self) -> Result<(), Vec<String>> {
@@ -327,7 +356,10 @@ mod tests {
         .join();
         assert!(observed.readiness.is_poisoned());
         observed.stale_folder(Some("the CDI folder was deleted".into()));
-        assert_eq!(observed.healthy(), Err("the CDI folder was deleted".into()));
+        assert_eq!(
+            observed.healthy().unwrap_err().to_string(),
+            "the CDI folder was deleted"
+        );
         let why = observed.ready().unwrap_err();
         assert!(
             why.iter().any(|w| w.contains("not published yet")),

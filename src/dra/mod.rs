@@ -16,7 +16,7 @@
 //! - [`lock`]: one driver per state folder, across processes.
 //! - [`shares`]: whole NICs shared through consumable capacity (`--shares`).
 //! - [`selfcheck`]: dials the driver's own sockets for `/healthz`.
-//! - [`publish`]: the API side of the slices: no write when nothing changed.
+//! - [`slice_sync`]: the API side of the slices: no write when nothing changed.
 //! - [`service`]: Prepare and Unprepare, in `v1` and `v1beta1`.
 //! - [`registration`]: what kubelet's plugin watcher asks.
 //! - [`rails_file`]: the rail record, for the `rail` attribute.
@@ -38,13 +38,13 @@ pub mod lock;
 pub mod metrics;
 pub mod nccl;
 pub mod preparer;
-pub mod publish;
 pub mod rails_file;
 pub mod registration;
 pub mod selfcheck;
 pub mod server;
 pub mod service;
 pub mod shares;
+pub mod slice_sync;
 pub mod slices;
 pub mod taints;
 

@@ -15,7 +15,7 @@
 //! claim and unprepares those the API no longer allocates here, under the
 //! same rule: read without the lock, then lock, re-check and write once.
 
-use super::checkpoint::{Checkpoint, LoadError};
+use super::checkpoint::{Checkpoint, CheckpointError, LoadError};
 use super::claim_spec;
 use super::claims::{self, ClaimError, Prepared, PreparedDevice};
 use super::devices::Pool;
@@ -23,6 +23,7 @@ use super::metrics::Observed;
 use super::nccl;
 use super::shares::{self, Conflict};
 use crate::cluster::ClusterError;
+use crate::publish::PublishError;
 use crate::record::LinkState;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -43,9 +44,10 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(40);
 /// the API server with one node's start-up.
 pub const READ_CONCURRENCY: usize = 16;
 
-/// What the preparer needs to know of its place.
+/// Where the driver runs, as both the preparer and the server loop read it:
+/// one struct inside [`super::server::Config`], not a hand copy of its fields.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct Site {
     /// The driver name: allocation results of other drivers are not ours.
     pub driver: String,
     /// The node, which is the pool's name.
@@ -153,26 +155,46 @@ pub enum PrepareError {
         cdi_id: String,
     },
     /// The claim's own CDI spec could not be written or removed.
-    #[error("{claim}: {action} {path}: {cause}")]
+    #[error("{claim}: {} {path}: {cause}", .cause.action())]
     Spec {
         /// The claim.
         claim: String,
-        /// "writing" or "removing".
-        action: &'static str,
         /// The spec file.
         path: PathBuf,
-        /// What the file system said.
-        cause: String,
+        /// What the file system said, and whether writing or removing.
+        cause: SpecFileError,
     },
     /// The checkpoint could not be written; nothing of the call was kept.
     #[error("{claim}: {cause}")]
     Checkpoint {
         /// The claim.
         claim: String,
-        /// The checkpoint error, in words (one error fails every claim of
-        /// the call).
-        cause: String,
+        /// The checkpoint error, shared: one error fails every claim of the
+        /// call.
+        cause: Arc<CheckpointError>,
     },
+}
+
+/// Why a claim's own CDI spec could not be written or removed, kept typed
+/// until kubelet's answer or the log says it.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecFileError {
+    /// Writing it failed; said with its causes on one line.
+    #[error("{}", .0.one_line())]
+    Write(#[source] PublishError),
+    /// Removing it failed.
+    #[error(transparent)]
+    Remove(std::io::Error),
+}
+
+impl SpecFileError {
+    /// The verb the message puts before the file.
+    fn action(&self) -> &'static str {
+        match self {
+            SpecFileError::Write(_) => "writing",
+            SpecFileError::Remove(_) => "removing",
+        }
+    }
 }
 
 /// One answer per claim UID.
@@ -180,7 +202,7 @@ pub type Answers<T> = BTreeMap<String, Result<T, PrepareError>>;
 
 /// Prepares and unprepares claims; shared by both API versions' services.
 pub struct Preparer {
-    options: Options,
+    site: Site,
     client: Client,
     pool: watch::Receiver<Arc<Pool>>,
     checkpoint: Mutex<Checkpoint>,
@@ -193,16 +215,16 @@ impl Preparer {
     /// A checkpoint of an unknown format is an error: starting without its
     /// claims would forget what running pods hold.
     pub fn open(
-        options: Options,
+        site: Site,
         client: Client,
         pool: watch::Receiver<Arc<Pool>>,
         observed: Arc<Observed>,
     ) -> Result<Preparer, LoadError> {
-        let checkpoint = Checkpoint::load(&options.state_dir, &options.driver)?;
+        let checkpoint = Checkpoint::load(&site.state_dir, &site.driver)?;
         observed.prepared_claims(checkpoint.claims.len());
-        restore_specs(&options.cdi_dir, &checkpoint);
+        restore_specs(&site.cdi_dir, &checkpoint);
         Ok(Preparer {
-            options,
+            site,
             client,
             pool,
             checkpoint: Mutex::new(checkpoint),
@@ -215,7 +237,7 @@ impl Preparer {
     /// CDI ID from that file without another Prepare. Blocking file I/O:
     /// call it off the runtime's threads.
     pub fn restore_specs(&self) {
-        restore_specs(&self.options.cdi_dir, &self.checkpoint.blocking_lock());
+        restore_specs(&self.site.cdi_dir, &self.checkpoint.blocking_lock());
     }
 
     /// Prepares each claim within `deadline` (kubelet's, from the call's
@@ -321,8 +343,8 @@ impl Preparer {
             }
             self.warn_failed_links(&claim, &prepared, pool);
             if let Some(value) = prepared.nccl_value() {
-                if let Err(e) = claim_spec::write(&self.options.cdi_dir, &claim.uid, &value) {
-                    let error = self.spec_error(&claim, "writing", e.one_line());
+                if let Err(e) = claim_spec::write(&self.site.cdi_dir, &claim.uid, &value) {
+                    let error = self.spec_error(&claim, SpecFileError::Write(e));
                     out.insert(claim.uid, Err(error));
                     continue;
                 }
@@ -335,7 +357,7 @@ impl Preparer {
         if added.is_empty() {
             return;
         }
-        match checkpoint.save(&self.options.state_dir) {
+        match checkpoint.save(&self.site.state_dir) {
             Ok(()) => {
                 for (claim, prepared) in added {
                     info!(
@@ -347,12 +369,13 @@ impl Preparer {
                 }
             }
             Err(e) => {
+                let e = Arc::new(e);
                 for (claim, _) in added {
                     checkpoint.claims.remove(&claim.uid);
-                    let _ = claim_spec::remove(&self.options.cdi_dir, &claim.uid);
+                    let _ = claim_spec::remove(&self.site.cdi_dir, &claim.uid);
                     let error = PrepareError::Checkpoint {
                         claim: claim.to_string(),
-                        cause: e.to_string(),
+                        cause: e.clone(),
                     };
                     out.insert(claim.uid, Err(error));
                 }
@@ -382,8 +405,8 @@ impl Preparer {
             }
         }
         if let Some(value) = done.nccl_value() {
-            claim_spec::write(&self.options.cdi_dir, &claim.uid, &value)
-                .map_err(|e| self.spec_error(claim, "writing", e.one_line()))?;
+            claim_spec::write(&self.site.cdi_dir, &claim.uid, &value)
+                .map_err(|e| self.spec_error(claim, SpecFileError::Write(e)))?;
         }
         Ok(Answered::of(&claim.uid, done))
     }
@@ -407,11 +430,11 @@ impl Preparer {
         }
     }
 
-    fn spec_error(&self, claim: &ClaimRef, action: &'static str, cause: String) -> PrepareError {
+    /// The error naming `claim` and its spec file.
+    fn spec_error(&self, claim: &ClaimRef, cause: SpecFileError) -> PrepareError {
         PrepareError::Spec {
             claim: claim.to_string(),
-            action,
-            path: self.options.cdi_dir.join(claim_spec::file_name(&claim.uid)),
+            path: self.site.cdi_dir.join(claim_spec::file_name(&claim.uid)),
             cause,
         }
     }
@@ -431,17 +454,17 @@ impl Preparer {
         let mut prepared = claims::prepare(
             &found,
             &claim.uid,
-            &self.options.driver,
-            &self.options.node_name,
+            &self.site.driver,
+            &self.site.node_name,
             pool,
         )?;
         let place = nccl::Place {
-            driver: &self.options.driver,
-            pool_name: &self.options.node_name,
+            driver: &self.site.driver,
+            pool_name: &self.site.node_name,
             pool,
         };
         let told =
-            nccl::read_union(&self.client, &found, place, until, self.options.api_timeout).await;
+            nccl::read_union(&self.client, &found, place, until, self.site.api_timeout).await;
         prepared.nccl_ib_hca = match told {
             Ok(entries) => entries,
             Err(why) => {
@@ -466,15 +489,15 @@ impl Preparer {
     ) -> Result<ResourceClaim, PrepareError> {
         let left = until.saturating_duration_since(Instant::now());
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let bound = left.min(self.options.api_timeout);
+        let bound = left.min(self.site.api_timeout);
         match tokio::time::timeout(bound, api.get_opt(&claim.name)).await {
-            Err(_) if left < self.options.api_timeout => Err(PrepareError::OutOfTime {
+            Err(_) if left < self.site.api_timeout => Err(PrepareError::OutOfTime {
                 claim: claim.to_string(),
                 left,
             }),
             Err(_) => Err(PrepareError::ApiTimeout {
                 claim: claim.to_string(),
-                timeout: self.options.api_timeout,
+                timeout: self.site.api_timeout,
             }),
             Ok(Err(e)) => Err(ClusterError::api(format!("reading {claim}"), e).into()),
             Ok(Ok(None)) => Err(PrepareError::NotFound {
@@ -502,7 +525,7 @@ impl Preparer {
         let read: Vec<(ClaimRef, Prepared, Option<String>)> = futures::stream::iter(held)
             .map(|(uid, prepared)| async move {
                 let claim = ClaimRef::of(uid, &prepared);
-                let until = Instant::now() + self.options.api_timeout;
+                let until = Instant::now() + self.site.api_timeout;
                 let stale = match self.read_claim(&claim, until).await {
                     Ok(found) => self.stale(&found, &claim, &prepared),
                     Err(PrepareError::NotFound { .. }) => Some("deleted".to_string()),
@@ -530,8 +553,8 @@ impl Preparer {
             if checkpoint.claims.get(&claim.uid) != Some(&prepared) {
                 continue;
             }
-            if let Err(e) = claim_spec::remove(&self.options.cdi_dir, &claim.uid) {
-                let e = self.spec_error(&claim, "removing", e.to_string());
+            if let Err(e) = claim_spec::remove(&self.site.cdi_dir, &claim.uid) {
+                let e = self.spec_error(&claim, SpecFileError::Remove(e));
                 warn!("sweeping stale {claim} ({why}): {e}; kept until the next sweep");
                 continue;
             }
@@ -541,7 +564,7 @@ impl Preparer {
         if removed.is_empty() {
             return 0;
         }
-        if let Err(e) = checkpoint.save(&self.options.state_dir) {
+        if let Err(e) = checkpoint.save(&self.site.state_dir) {
             // Kept as prepared: the next look writes their specs back, the
             // next sweep tries again.
             for (claim, prepared, why) in removed {
@@ -574,7 +597,7 @@ impl Preparer {
             ));
         }
         let driver = if prepared.driver.is_empty() {
-            &self.options.driver
+            &self.site.driver
         } else {
             &prepared.driver
         };
@@ -587,12 +610,12 @@ impl Preparer {
             .is_some_and(|results| {
                 results
                     .iter()
-                    .any(|r| &r.driver == driver && r.pool == self.options.node_name)
+                    .any(|r| &r.driver == driver && r.pool == self.site.node_name)
             });
         (!ours).then(|| {
             format!(
                 "no longer allocated to pool {} by driver {driver}",
-                self.options.node_name
+                self.site.node_name
             )
         })
     }
@@ -612,8 +635,8 @@ impl Preparer {
                 out.insert(claim.uid, Err(error));
                 continue;
             }
-            if let Err(e) = claim_spec::remove(&self.options.cdi_dir, &claim.uid) {
-                let error = self.spec_error(&claim, "removing", e.to_string());
+            if let Err(e) = claim_spec::remove(&self.site.cdi_dir, &claim.uid) {
+                let error = self.spec_error(&claim, SpecFileError::Remove(e));
                 out.insert(claim.uid, Err(error));
                 continue;
             }
@@ -623,7 +646,7 @@ impl Preparer {
             out.insert(claim.uid, Ok(()));
         }
         if !removed.is_empty() {
-            match checkpoint.save(&self.options.state_dir) {
+            match checkpoint.save(&self.site.state_dir) {
                 Ok(()) => {
                     for (claim, _) in &removed {
                         info!(claim = claim.to_string(), "unprepared");
@@ -632,11 +655,12 @@ impl Preparer {
                 Err(e) => {
                     // Kept as prepared: the next look writes their specs
                     // back, and kubelet calls Unprepare again.
+                    let e = Arc::new(e);
                     for (claim, gone) in removed {
                         checkpoint.claims.insert(claim.uid.clone(), gone);
                         let error = PrepareError::Checkpoint {
                             claim: claim.to_string(),
-                            cause: e.to_string(),
+                            cause: e.clone(),
                         };
                         out.insert(claim.uid, Err(error));
                     }
@@ -731,6 +755,19 @@ mod tests {
             Duration::from_millis(2700)
         );
         assert_eq!(budget(Some(Duration::ZERO)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_spec_file_error_says_the_verb_the_file_and_the_cause() {
+        let e = PrepareError::Spec {
+            claim: "ResourceClaim team/a (uid-a)".into(),
+            path: PathBuf::from("/var/run/cdi/a.json"),
+            cause: SpecFileError::Remove(std::io::Error::from_raw_os_error(13)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "ResourceClaim team/a (uid-a): removing /var/run/cdi/a.json: Permission denied (os error 13)"
+        );
     }
 
     #[test]

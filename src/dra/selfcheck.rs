@@ -13,7 +13,7 @@
 use super::api::v1::{dra_plugin_client::DraPluginClient, NodeUnprepareResourcesRequest};
 use super::metrics::Observed;
 use crate::kubelet::registration_api::{registration_client::RegistrationClient, InfoRequest};
-use crate::kubelet::socket;
+use crate::kubelet::socket::{self, SocketError};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +32,22 @@ pub struct SelfCheckError {
     /// "registration" or "DRA".
     pub what: &'static str,
     /// What the dial or the call said.
-    pub why: String,
+    pub why: CallError,
+}
+
+/// Why one call to the driver's own socket got no answer, kept typed until
+/// `/healthz` says it.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The socket could not be dialled.
+    #[error(transparent)]
+    Dial(#[from] SocketError),
+    /// The call was answered with an error status.
+    #[error(transparent)]
+    Status(#[from] tonic::Status),
+    /// Nothing answered within the check's timeout.
+    #[error("no answer within {0:?}")]
+    Silent(Duration),
 }
 
 /// Dials both sockets every `every`, for ever, telling `observed` whether
@@ -51,7 +66,7 @@ pub async fn watch(
     loop {
         tick.tick().await;
         let failed = check(&registration, &service, timeout).await.err();
-        observed.sockets_answer(failed.map(|e| e.to_string()));
+        observed.sockets_answer(failed);
     }
 }
 
@@ -67,34 +82,34 @@ pub async fn check(
     judge(service, "DRA", answered, timeout)
 }
 
-async fn get_info(path: &Path) -> Result<(), String> {
-    let channel = socket::connect(path).await.map_err(|e| e.to_string())?;
+/// Asks the registration socket GetInfo, as kubelet's plugin watcher does.
+async fn get_info(path: &Path) -> Result<(), CallError> {
+    let channel = socket::connect(path).await?;
     RegistrationClient::new(channel)
         .get_info(InfoRequest {})
-        .await
-        .map(drop)
-        .map_err(|s| s.to_string())
+        .await?;
+    Ok(())
 }
 
-async fn unprepare_nothing(path: &Path) -> Result<(), String> {
-    let channel = socket::connect(path).await.map_err(|e| e.to_string())?;
+/// Asks the DRA socket to unprepare no claims: an answer touching nothing.
+async fn unprepare_nothing(path: &Path) -> Result<(), CallError> {
+    let channel = socket::connect(path).await?;
     DraPluginClient::new(channel)
         .node_unprepare_resources(NodeUnprepareResourcesRequest { claims: Vec::new() })
-        .await
-        .map(drop)
-        .map_err(|s| s.to_string())
+        .await?;
+    Ok(())
 }
 
 fn judge(
     path: &Path,
     what: &'static str,
-    answered: Result<Result<(), String>, tokio::time::error::Elapsed>,
+    answered: Result<Result<(), CallError>, tokio::time::error::Elapsed>,
     timeout: Duration,
 ) -> Result<(), SelfCheckError> {
     let why = match answered {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(why)) => why,
-        Err(_) => format!("no answer within {timeout:?}"),
+        Err(_) => CallError::Silent(timeout),
     };
     // Gone, not silent: the loop serves the sockets again.
     let present = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());

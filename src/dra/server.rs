@@ -23,21 +23,21 @@ use super::devices::{self, Pool, Published};
 use super::health::HealthService;
 use super::lock::{LockError, StateLock};
 use super::metrics::Observed;
-use super::preparer::{Options, Preparer};
-use super::publish::Reconciler;
+use super::preparer::{Preparer, Site};
 use super::rails_file::RailsFile;
 use super::registration::{self, Registrar, Verdict};
 use super::selfcheck;
 use super::service::{ServiceV1, ServiceV1beta1};
 use super::shares::Shares;
+use super::slice_sync::Reconciler;
 use super::taints::{FailedEffect, TaintRule};
 use crate::cdi::Family;
 use crate::cluster::client::{self, Settings};
 use crate::cluster::ClusterError;
+use crate::kubelet::backoff::Backoff;
 use crate::kubelet::plugin_loop::{self, KubeletPlugin, Look, LoopError, Watched};
 use crate::kubelet::quiet::Quiet;
 use crate::kubelet::registration_api::registration_server::RegistrationServer;
-use crate::kubelet::restart::Retry;
 use crate::kubelet::servers::{Front, Servers};
 use crate::kubelet::socket::SocketError;
 use crate::kubelet::specs::{self, Change, Loader, Outcome};
@@ -54,16 +54,11 @@ use tracing::info;
 /// What the driver serves and where.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// This node's name (the pool's name).
-    pub node_name: String,
-    /// The driver name.
-    pub driver: String,
+    /// The driver name, the node (the pool's name), the CDI and state
+    /// folders and the API bound: what the preparer shares.
+    pub site: Site,
     /// kubelet's root folder (`plugins_registry/` and `plugins/` under it).
     pub kubelet_root: PathBuf,
-    /// Where `nodefabric publish` writes its CDI specs.
-    pub cdi_dir: PathBuf,
-    /// Where the checkpoint is kept.
-    pub state_dir: PathBuf,
     /// The rail record `nodefabric publish --rails-file` writes, if any.
     pub rails_file: Option<PathBuf>,
     /// How often the slices are reconciled when nothing else asks.
@@ -72,8 +67,6 @@ pub struct Config {
     pub poll_interval: Duration,
     /// Spec files larger than this are refused (the family keeps its devices).
     pub max_spec_bytes: u64,
-    /// Bounds each API request.
-    pub api_timeout: Duration,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`; `None` serves none.
     pub metrics_addr: Option<SocketAddr>,
     /// The effect of a Failed link's taint.
@@ -96,7 +89,7 @@ impl Config {
             .join(registration::REGISTRY_DIR)
             .join(format!(
                 "{}{}",
-                self.driver,
+                self.site.driver,
                 registration::REGISTRATION_SOCKET_SUFFIX
             ))
     }
@@ -105,7 +98,7 @@ impl Config {
     pub fn service_socket(&self) -> PathBuf {
         self.kubelet_root
             .join(registration::PLUGINS_DIR)
-            .join(&self.driver)
+            .join(&self.site.driver)
             .join(registration::SERVICE_SOCKET)
     }
 }
@@ -148,7 +141,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let registration = config.registration_socket();
     let service = config.service_socket();
     for dir in [
-        Some(config.state_dir.clone()),
+        Some(config.site.state_dir.clone()),
         registration.parent().map(PathBuf::from),
         service.parent().map(PathBuf::from),
     ]
@@ -162,7 +155,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     // Before anything is read or served (the probe port included, which a
     // rolling update's old pod still holds): one driver per state folder.
-    let _lock = StateLock::acquire(&config.state_dir, config.lock_wait).await?;
+    let _lock = StateLock::acquire(&config.site.state_dir, config.lock_wait).await?;
     let observed = Arc::new(Observed::new());
     let probes = config.metrics_addr.map(|addr| (addr, observed.clone()));
     plugin_loop::run(probes, Driver::start(config, observed), shutdown).await
@@ -185,7 +178,7 @@ impl KubeletPlugin for Driver {
     type Seen = Seen;
 
     fn cdi_dir(&self) -> &Path {
-        &self.config.cdi_dir
+        &self.config.site.cdi_dir
     }
 
     fn watched(&self) -> Watched {
@@ -193,9 +186,9 @@ impl KubeletPlugin for Driver {
         let (registration, service) = (config.registration_socket(), config.service_socket());
         let mut files: Vec<PathBuf> = Family::ALL
             .iter()
-            .map(|f| config.cdi_dir.join(f.file_name()))
+            .map(|f| config.site.cdi_dir.join(f.file_name()))
             .collect();
-        let mut folders = vec![config.cdi_dir.clone()];
+        let mut folders = vec![config.site.cdi_dir.clone()];
         folders.extend(self.kubelet_folders());
         files.extend([registration, service]);
         files.extend(config.rails_file.clone());
@@ -263,7 +256,7 @@ impl KubeletPlugin for Driver {
         let mut unreadable: Vec<String> = outcome
             .unreadable
             .iter()
-            .map(|(_, _, message)| message.clone())
+            .map(|u| u.message.clone())
             .collect();
         let rails_subject = self
             .config
@@ -280,7 +273,12 @@ impl KubeletPlugin for Driver {
                 format!("{rails_subject} is readable again")
             }),
         }
-        specs::report(&mut self.quiet, &self.config.cdi_dir, &outcome, "device");
+        specs::report(
+            &mut self.quiet,
+            &self.config.site.cdi_dir,
+            &outcome,
+            "device",
+        );
         // A folder deleted on the host under the driver's mount never comes
         // back by itself: liveness fails, and the restart mounts the new one.
         self.observed.stale_folder(
@@ -311,7 +309,7 @@ impl KubeletPlugin for Driver {
 
     async fn keep_current(&mut self) {
         self.keep_serving();
-        if self.stale && (!self.failed || self.reconcile_retry.due(None)) {
+        if self.stale && (!self.failed || self.reconcile_retry.due()) {
             self.reconcile().await;
         }
     }
@@ -379,8 +377,8 @@ struct Driver {
     pool: watch::Sender<Arc<Pool>>,
     servers: Option<Servers>,
     quiet: Quiet,
-    serve_retry: Retry,
-    reconcile_retry: Retry,
+    serve_retry: Backoff,
+    reconcile_retry: Backoff,
     /// The slices may differ from the pool: reconcile.
     stale: bool,
     /// The last reconcile failed: the next waits for the backoff.
@@ -393,24 +391,18 @@ impl Driver {
     /// tasks.
     async fn start(config: Config, observed: Arc<Observed>) -> Result<Driver, RunError> {
         let settings = Settings {
-            timeout: Some(config.api_timeout),
+            timeout: Some(config.site.api_timeout),
             ..Settings::default()
         };
-        let api = tokio::time::timeout(config.api_timeout, client::connect(&settings))
+        let api = tokio::time::timeout(config.site.api_timeout, client::connect(&settings))
             .await
             .map_err(|_| ClusterError::SetupTimedOut {
                 what: "starting the DRA driver".into(),
-                after: config.api_timeout,
+                after: config.site.api_timeout,
             })??;
         let (pool_tx, pool_rx) = watch::channel(Arc::new(Pool::default()));
         let preparer = Arc::new(Preparer::open(
-            Options {
-                driver: config.driver.clone(),
-                node_name: config.node_name.clone(),
-                cdi_dir: config.cdi_dir.clone(),
-                state_dir: config.state_dir.clone(),
-                api_timeout: config.api_timeout,
-            },
+            config.site.clone(),
             api.clone(),
             pool_rx,
             observed.clone(),
@@ -430,14 +422,17 @@ impl Driver {
         Ok(Driver {
             reconciler: Reconciler::new(
                 api,
-                &config.node_name,
+                &config.site.node_name,
                 TaintRule {
-                    driver: config.driver.clone(),
+                    driver: config.site.driver.clone(),
                     effect: config.failed_link_taint,
                 },
                 config.shares,
             ),
-            loader: Some(Loader::new(config.cdi_dir.clone(), config.max_spec_bytes)),
+            loader: Some(Loader::new(
+                config.site.cdi_dir.clone(),
+                config.max_spec_bytes,
+            )),
             rails: config.rails_file.clone().map(RailsFile::new),
             published: Published::new(),
             config,
@@ -450,8 +445,8 @@ impl Driver {
             pool: pool_tx,
             servers: None,
             quiet: Quiet::default(),
-            serve_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
-            reconcile_retry: Retry::new(BACKOFF_FIRST, BACKOFF_MAX),
+            serve_retry: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
+            reconcile_retry: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
             stale: true,
             failed: false,
         })
@@ -467,7 +462,7 @@ impl Driver {
             self.servers = None;
             self.observed.registered(false);
         }
-        if !self.serve_retry.due(None) {
+        if !self.serve_retry.due() {
             return;
         }
         match self.serve() {
@@ -481,7 +476,7 @@ impl Driver {
                     "sockets",
                     format!("cannot serve, retrying with backoff: {e}"),
                 );
-                self.serve_retry.failed(None);
+                self.serve_retry.failed();
             }
         }
     }
@@ -504,14 +499,14 @@ impl Driver {
         .add_service(
             super::api::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
                 HealthService {
-                    pool_name: self.config.node_name.clone(),
+                    pool_name: self.config.site.node_name.clone(),
                     pool: self.pool.subscribe(),
                 },
             ),
         );
         servers.serve(&service, None, "DRA", Front::Authority, routes)?;
         let registrar = Registrar {
-            name: self.config.driver.clone(),
+            name: self.config.site.driver.clone(),
             endpoint: service.display().to_string(),
             verdicts: self.verdict_tx.clone(),
         };
@@ -551,14 +546,13 @@ impl Driver {
                     .clear("slices", || "ResourceSlices published".into());
             }
             Err(e) => {
-                let why = e.to_string();
-                self.observed.reconcile_failed(why.clone());
                 self.quiet.warn(
                     "slices",
-                    format!("publishing ResourceSlices, retrying with backoff: {why}"),
+                    format!("publishing ResourceSlices, retrying with backoff: {e}"),
                 );
+                self.observed.reconcile_failed(e);
                 self.failed = true;
-                self.reconcile_retry.failed(None);
+                self.reconcile_retry.failed();
             }
         }
     }

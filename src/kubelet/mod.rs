@@ -1,9 +1,10 @@
 //! What every kubelet plugin needs besides its own gRPC service: sockets in
 //! a kubelet folder that are replaced when stale and removed when stopped,
 //! servers that hang up stuck connections, a folder watch with a poll
-//! fallback, noticing that kubelet restarted, the shutdown signals, the
-//! `/healthz` `/readyz` `/metrics` server, log de-duplication, the one
-//! reading of the CDI specs (untrusted files, re-read only when changed), and
+//! fallback, noticing that kubelet restarted, a doubling backoff for
+//! retries, the shutdown signals, the `/healthz` `/readyz` `/metrics`
+//! server, log de-duplication, the one reading of the CDI specs (untrusted
+//! files, re-read only when changed), and
 //! the registration socket's side of kubelet's plugin watcher (its API, and a
 //! front that lets tonic answer the authority kubelet dials it with).
 //!
@@ -12,6 +13,7 @@
 //! and fill it in with what they serve, register and reload.
 pub mod args;
 pub mod authority;
+pub mod backoff;
 pub mod chain;
 pub mod command;
 pub mod conn;

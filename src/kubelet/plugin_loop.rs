@@ -190,7 +190,8 @@ mod tests {
     struct Quiet;
 
     impl Probes for Quiet {
-        fn healthy(&self) -> Result<(), String> {
+        type Unhealthy = std::convert::Infallible;
+        fn healthy(&self) -> Result<(), Self::Unhealthy> {
             Ok(())
         }
         fn ready(&self) -> Result<(), Vec<String>> {

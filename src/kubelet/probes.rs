@@ -24,9 +24,12 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// What a plugin reports to its probes; each plugin implements it over its
 /// own state, so the server is shared and the answers are not.
 pub trait Probes: Send + Sync + 'static {
+    /// Why the plugin is not alive, typed by the plugin; it becomes text
+    /// only in `/livez`'s answer.
+    type Unhealthy: std::fmt::Display;
     /// `Ok` while the plugin is alive; `Err(why)` makes `/livez` fail and
     /// kubelet restart the container, so only for what a restart mends.
-    fn healthy(&self) -> Result<(), String>;
+    fn healthy(&self) -> Result<(), Self::Unhealthy>;
     /// `Ok` when the plugin serves all it should; otherwise every reason it
     /// does not, one per line of `/readyz`.
     fn ready(&self) -> Result<(), Vec<String>>;
@@ -95,7 +98,8 @@ mod tests {
     struct Stub;
 
     impl Probes for Stub {
-        fn healthy(&self) -> Result<(), String> {
+        type Unhealthy = std::convert::Infallible;
+        fn healthy(&self) -> Result<(), Self::Unhealthy> {
             Ok(())
         }
         fn ready(&self) -> Result<(), Vec<String>> {
@@ -109,9 +113,15 @@ mod tests {
     /// A plugin whose kubelet folder was deleted under its mount.
     struct Stale;
 
+    /// Stale's one reason not to be alive.
+    #[derive(Debug, thiserror::Error)]
+    #[error("the kubelet folder was deleted")]
+    struct FolderDeleted;
+
     impl Probes for Stale {
-        fn healthy(&self) -> Result<(), String> {
-            Err("the kubelet folder was deleted".into())
+        type Unhealthy = FolderDeleted;
+        fn healthy(&self) -> Result<(), FolderDeleted> {
+            Err(FolderDeleted)
         }
         fn ready(&self) -> Result<(), Vec<String>> {
             Err(vec!["a/b is not registered".into(), "x.json: torn".into()])

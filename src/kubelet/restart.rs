@@ -13,10 +13,10 @@
 //! timestamps are coarse. A socket that is missing means kubelet is on its
 //! way back: there is nothing to register with yet.
 
+use super::backoff::Backoff;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Which socket file stands at a path: its `(device, inode)` and the
 /// inode's change time, so a socket recreated at the same path is told from
@@ -43,14 +43,11 @@ impl Identity {
 
 /// When to try registering again: at once the first time and whenever
 /// kubelet's socket is a different one than at the last failure; otherwise
-/// after a wait that doubles from `first` up to `max` while kubelet does
-/// not answer.
+/// when the [`Backoff`] after that failure has passed. An operation with no
+/// kubelet behind it (an API write, a socket bind) takes a plain [`Backoff`].
 #[derive(Debug)]
 pub struct Retry {
-    first: Duration,
-    max: Duration,
-    backoff: Duration,
-    next_attempt: Instant,
+    backoff: Backoff,
     /// kubelet's socket at the last failed attempt, `None` after a success.
     failed_with: Option<Option<Identity>>,
 }
@@ -59,35 +56,31 @@ impl Retry {
     /// A retry whose waits double from `first` up to `max`.
     pub fn new(first: Duration, max: Duration) -> Retry {
         Retry {
-            first,
-            max,
-            backoff: first,
-            next_attempt: Instant::now(),
+            backoff: Backoff::new(first, max),
             failed_with: None,
         }
     }
 
     /// True when an attempt with kubelet's socket now being `kubelet` is due.
     pub fn due(&self, kubelet: Option<Identity>) -> bool {
-        Instant::now() >= self.next_attempt || self.failed_with != Some(kubelet)
+        self.backoff.due() || self.failed_with != Some(kubelet)
     }
 
     /// Records a successful attempt: the next failure waits `first` again.
     pub fn succeeded(&mut self) {
-        self.backoff = self.first;
+        self.backoff.succeeded();
         self.failed_with = None;
     }
 
     /// Records an attempt that failed while kubelet's socket was `kubelet`.
     pub fn failed(&mut self, kubelet: Option<Identity>) {
         self.failed_with = Some(kubelet);
-        self.next_attempt = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(self.max);
+        self.backoff.failed();
     }
 
     /// Resolves when the backoff after the last failure has passed.
     pub async fn wait(&self) {
-        tokio::time::sleep_until(self.next_attempt).await;
+        self.backoff.wait().await;
     }
 }
 

@@ -335,6 +335,7 @@ impl Observed {
 }
 
 impl Probes for Observed {
+    type Unhealthy = String;
     fn healthy(&self) -> Result<(), String> {
         Observed::healthy(self)
     }

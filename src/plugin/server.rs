@@ -30,7 +30,7 @@ use crate::kubelet::quiet::Quiet;
 use crate::kubelet::restart::{Identity, Retry};
 use crate::kubelet::servers::{Front, Servers};
 use crate::kubelet::socket::{self, SocketError};
-use crate::kubelet::specs::{self, Loader, Outcome};
+use crate::kubelet::specs::{self, Loader, Outcome, Unreadable};
 use crate::kubelet::watch::FolderWatch;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -352,9 +352,11 @@ impl KubeletPlugin for Plugin {
             outcome.new_errors.push((family, TOO_MANY_TOKENS));
         }
         for (family, message) in &self.oversized {
-            outcome
-                .unreadable
-                .push((*family, TOO_MANY_TOKENS, message.clone()));
+            outcome.unreadable.push(Unreadable {
+                family: *family,
+                cause: TOO_MANY_TOKENS,
+                message: message.clone(),
+            });
         }
         specs::report(&mut self.quiet, &self.config.cdi_dir, &outcome, "token");
         // A folder deleted under the mount never comes back by itself:
@@ -371,7 +373,7 @@ impl KubeletPlugin for Plugin {
             outcome
                 .unreadable
                 .iter()
-                .map(|(f, _, m)| (*f, m.clone()))
+                .map(|u| (u.family, u.message.clone()))
                 .collect(),
         );
         if fresh != **self.catalog.borrow() {

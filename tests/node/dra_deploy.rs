@@ -496,7 +496,7 @@ fn the_dra_driver_mounts_the_folders_its_flags_name_at_the_hosts_own_paths() {
     )
     .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     let config = parsed.config();
-    assert_eq!(config.cdi_dir, PathBuf::from(&f["cdi-dir"]));
+    assert_eq!(config.site.cdi_dir, PathBuf::from(&f["cdi-dir"]));
     assert_eq!(config.interval, std::time::Duration::from_secs(30));
     assert_eq!(
         config.rails_file.as_deref(),

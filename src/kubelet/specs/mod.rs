@@ -26,10 +26,49 @@ const VANISH_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
 struct Seen {
     /// What stat said last time; `None` forces a read.
     presence: Option<Presence>,
-    /// A hash of the bytes last parsed, and the refusal if they were malformed.
-    parsed: Option<(u64, Option<(&'static str, String)>)>,
+    /// The bytes last parsed, and the refusal if they were malformed.
+    parsed: Option<Parsed>,
     /// The error the last look ended in, kept while nothing changes.
-    error: Option<(&'static str, String)>,
+    error: Option<Refusal>,
+}
+
+/// The bytes of a family's file last parsed, by hash, so the same bytes are
+/// not parsed again.
+#[derive(Debug, Clone)]
+struct Parsed {
+    /// A hash of the bytes.
+    hash: u64,
+    /// Why they were refused, if they were malformed.
+    refused: Option<Refusal>,
+}
+
+/// Why a family's file cannot be taken, as the metrics and the log need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    /// The cause word ([`SpecReadError::cause`]), a metric label.
+    cause: &'static str,
+    /// The message, for the log and `/readyz`.
+    message: String,
+}
+
+impl From<&SpecReadError> for Refusal {
+    fn from(e: &SpecReadError) -> Refusal {
+        Refusal {
+            cause: e.cause(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// A family whose spec is unreadable now, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The family.
+    pub family: Family,
+    /// The cause word ([`SpecReadError::cause`]), a metric label.
+    pub cause: &'static str,
+    /// The message, for the log and `/readyz`.
+    pub message: String,
 }
 
 /// What a family's spec became since the last look, when it changed.
@@ -57,10 +96,9 @@ pub struct Outcome {
     pub changed: Vec<(Family, Change)>,
     /// Families whose spec was parsed this time (a reload).
     pub reloaded: Vec<Family>,
-    /// Families whose spec is unreadable now: (family, cause word, message).
-    /// Repeats every look while the cause lasts; the caller de-duplicates
-    /// the log.
-    pub unreadable: Vec<(Family, &'static str, String)>,
+    /// Families whose spec is unreadable now. Repeats every look while the
+    /// cause lasts; the caller de-duplicates the log.
+    pub unreadable: Vec<Unreadable>,
     /// Refusals that are new this look (family, cause word), for the
     /// read-error counter.
     pub new_errors: Vec<(Family, &'static str)>,
@@ -84,8 +122,8 @@ impl Outcome {
     pub fn folder_deleted(&self) -> Option<&str> {
         self.unreadable
             .iter()
-            .find(|(_, cause, _)| *cause == FOLDER_DELETED)
-            .map(|(_, _, message)| message.as_str())
+            .find(|u| u.cause == FOLDER_DELETED)
+            .map(|u| u.message.as_str())
     }
 }
 
@@ -95,12 +133,8 @@ impl Outcome {
 /// families: one line, under the folder's name.
 pub fn report(quiet: &mut crate::kubelet::quiet::Quiet, dir: &Path, outcome: &Outcome, kept: &str) {
     let folder = dir.display().to_string();
-    match outcome
-        .unreadable
-        .iter()
-        .find(|(_, cause, _)| folder_cause(cause))
-    {
-        Some((_, cause, message)) => {
+    match outcome.unreadable.iter().find(|u| folder_cause(u.cause)) {
+        Some(Unreadable { cause, message, .. }) => {
             let restart = if *cause == FOLDER_DELETED {
                 "; /healthz fails until the kubelet restarts the plugin"
             } else {
@@ -115,9 +149,9 @@ pub fn report(quiet: &mut crate::kubelet::quiet::Quiet, dir: &Path, outcome: &Ou
     }
     for family in Family::ALL {
         let subject = dir.join(family.file_name()).display().to_string();
-        match outcome.unreadable.iter().find(|(f, _, _)| *f == family) {
-            Some((_, cause, _)) if folder_cause(cause) => {}
-            Some((_, _, message)) => {
+        match outcome.unreadable.iter().find(|u| u.family == family) {
+            Some(u) if folder_cause(u.cause) => {}
+            Some(Unreadable { message, .. }) => {
                 quiet.warn(
                     &subject,
                     format!(
@@ -164,13 +198,17 @@ impl Loader {
                 }
                 out.changed.push((family, change));
             }
-            if let Some((cause, _)) = &seen.error {
+            if let Some(error) = &seen.error {
                 if seen.error != before {
-                    out.new_errors.push((family, cause));
+                    out.new_errors.push((family, error.cause));
                 }
             }
-            if let Some((cause, msg)) = &seen.error {
-                out.unreadable.push((family, cause, msg.clone()));
+            if let Some(error) = &seen.error {
+                out.unreadable.push(Unreadable {
+                    family,
+                    cause: error.cause,
+                    message: error.message.clone(),
+                });
             }
         }
         out
@@ -186,7 +224,7 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
         Err(e) => {
             // Look again next time: the cause may clear with no new fingerprint.
             seen.presence = None;
-            seen.error = Some((e.cause(), e.to_string()));
+            seen.error = Some(Refusal::from(&e));
             return None;
         }
     };
@@ -203,7 +241,7 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
             std::thread::sleep(VANISH_GRACE);
             if let Err(e) = file::probe(dir, path) {
                 seen.presence = None;
-                seen.error = Some((e.cause(), e.to_string()));
+                seen.error = Some(Refusal::from(&e));
                 return None;
             }
         }
@@ -218,7 +256,7 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
         Ok(r) => r,
         Err(e) => {
             seen.presence = None;
-            seen.error = Some((e.cause(), e.to_string()));
+            seen.error = Some(Refusal::from(&e));
             return None;
         }
     };
@@ -227,17 +265,20 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
     let mut h = DefaultHasher::new();
     bytes.hash(&mut h);
     let hash = h.finish();
-    if let Some((last, error)) = &seen.parsed {
-        if *last == hash {
+    if let Some(parsed) = &seen.parsed {
+        if parsed.hash == hash {
             // Same bytes as last parsed: what the caller serves already is
             // these bytes' (or, if they were malformed, still is refused).
-            seen.error = error.clone();
+            seen.error = parsed.refused.clone();
             return None;
         }
     }
     match file::parse(&bytes, path, family) {
         Ok(spec) => {
-            seen.parsed = Some((hash, None));
+            seen.parsed = Some(Parsed {
+                hash,
+                refused: None,
+            });
             seen.error = None;
             Some(Change::Spec {
                 path: path.into(),
@@ -245,9 +286,12 @@ fn look(dir: &Path, path: &Path, family: Family, cap: u64, seen: &mut Seen) -> O
             })
         }
         Err(e) => {
-            let error = Some((e.cause(), e.to_string()));
-            seen.parsed = Some((hash, error.clone()));
-            seen.error = error;
+            let refused = Some(Refusal::from(&e));
+            seen.parsed = Some(Parsed {
+                hash,
+                refused: refused.clone(),
+            });
+            seen.error = refused;
             None
         }
     }
@@ -334,7 +378,11 @@ mod tests {
         let out = loader.load();
         assert!(out.changed.is_empty(), "unreadable is not gone: {out:?}");
         assert_eq!(out.unreadable.len(), 1);
-        let (family, cause, message) = &out.unreadable[0];
+        let Unreadable {
+            family,
+            cause,
+            message,
+        } = &out.unreadable[0];
         assert_eq!((*family, *cause), (Family::Whole, "not_regular"));
         assert_eq!(
             *message,
@@ -388,7 +436,7 @@ mod tests {
             .unwrap();
         let out = loader.load();
         assert!(out.changed.is_empty(), "nothing withdrawn: {out:?}");
-        assert_eq!(out.unreadable[0].1, "dangling_link");
+        assert_eq!(out.unreadable[0].cause, "dangling_link");
         assert_eq!(out.new_errors, [(Family::Whole, "dangling_link")]);
         let out = loader.load();
         assert!(out.new_errors.is_empty(), "the same cause is not new");
@@ -397,7 +445,7 @@ mod tests {
         let out = loader.load();
         assert!(out.changed.is_empty(), "nothing withdrawn: {out:?}");
         assert_eq!(
-            out.unreadable.iter().map(|u| u.1).collect::<Vec<_>>(),
+            out.unreadable.iter().map(|u| u.cause).collect::<Vec<_>>(),
             ["folder_missing", "folder_missing"]
         );
 
@@ -426,7 +474,7 @@ mod tests {
         let out = loader.load();
         assert_eq!(whole(&out), None);
         assert_eq!(
-            (out.unreadable[0].1, out.new_errors.clone()),
+            (out.unreadable[0].cause, out.new_errors.clone()),
             ("malformed", vec![(Family::Whole, "malformed")])
         );
         let out = loader.load();

@@ -22,9 +22,11 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-/// What one reconcile did.
+/// What one reconcile did: named apart from the spec loader's
+/// [`crate::kubelet::specs::Outcome`], which is what one look at the CDI
+/// folder found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Outcome {
+pub struct Reconciled {
     /// Slices created (the new generation).
     pub created: usize,
     /// Slices changed in place (the same devices, same generation).
@@ -95,7 +97,7 @@ impl Reconciler {
     }
 
     /// Makes the server's slices the pool; writes nothing when they are.
-    pub async fn reconcile(&mut self, pool: &Pool) -> Result<Outcome, ClusterError> {
+    pub async fn reconcile(&mut self, pool: &Pool) -> Result<Reconciled, ClusterError> {
         let node = self
             .nodes
             .get_opt(&self.node)
@@ -202,7 +204,7 @@ impl Reconciler {
                 deleted += 1;
             }
         }
-        Ok(Outcome {
+        Ok(Reconciled {
             created,
             updated,
             deleted,
