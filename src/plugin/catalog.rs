@@ -18,6 +18,13 @@ use tracing::warn;
 /// Concurrent holders one whole interface serves as `rdma.shared`.
 pub const SHARED_TOKENS: u32 = 64;
 
+/// Health strings kubelet understands: a token's health is the catalog's
+/// verdict, which the service reports and the metrics count (here, so
+/// that neither of those two imports the other for it).
+pub const HEALTHY: &str = "Healthy";
+/// See [`HEALTHY`].
+pub const UNHEALTHY: &str = "Unhealthy";
+
 /// The separator between an endpoint and its share number in a shared token.
 const SHARED_INFIX: &str = "-shared-";
 
