@@ -259,11 +259,18 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError<TopoFault
     };
     let text = strip_ansi(text);
     let lines: Vec<&str> = text.lines().collect();
-    let (header_at, layout, (columns, affinity_columns)) =
-        find_header(&lines).map_err(|found| match found {
-            Some((n, reason)) => err(Some(n + 1), reason),
-            None => err(None, TopoFault::NoHeader),
-        })?;
+    let Header {
+        at: header_at,
+        layout,
+        columns:
+            Columns {
+                devices: columns,
+                affinity: affinity_columns,
+            },
+    } = find_header(&lines).map_err(|found| match found {
+        Some((n, reason)) => err(Some(n + 1), reason),
+        None => err(None, TopoFault::NoHeader),
+    })?;
     let mut topo = Topo {
         columns,
         affinity_columns,
@@ -308,7 +315,7 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError<TopoFault
 /// a GPU (`GPU0 NVIDIA H100`) is passed over; else the first one that reads
 /// (its damaged first row is then refused on its own line); else the first
 /// candidate's fault, if any. Returns the line, its layout and its columns.
-fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize, TopoFault)>> {
+fn find_header(lines: &[&str]) -> Result<Header, Option<(usize, TopoFault)>> {
     let mut fallback = None;
     let mut first_fault = None;
     for (n, line) in lines.iter().enumerate() {
@@ -329,11 +336,19 @@ fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize
                     .unwrap_or_default();
                 let is_row = next
                     .first()
-                    .is_some_and(|label| columns.0.iter().any(|c| c == label));
+                    .is_some_and(|label| columns.devices.iter().any(|c| c == label));
                 if is_row && next.contains(&"X") {
-                    return Ok((n, layout, columns));
+                    return Ok(Header {
+                        at: n,
+                        layout,
+                        columns,
+                    });
                 }
-                fallback.get_or_insert((n, layout, columns));
+                fallback.get_or_insert(Header {
+                    at: n,
+                    layout,
+                    columns,
+                });
             }
             Err(reason) => {
                 first_fault.get_or_insert((n, reason));
@@ -344,7 +359,22 @@ fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize
 }
 
 /// A header's device columns and affinity columns, in order.
-type Columns = (Vec<String>, Vec<String>);
+struct Columns {
+    /// The device columns (`GPU0`, `NIC3`, `mlx5_0`).
+    devices: Vec<String>,
+    /// The affinity columns after them.
+    affinity: Vec<String>,
+}
+
+/// The header line found: where, how its cells are separated, its columns.
+struct Header {
+    /// The 0-based index of the header line.
+    at: usize,
+    /// How its cells (and the rows') are separated.
+    layout: Layout,
+    /// What it names.
+    columns: Columns,
+}
 
 /// The device columns and affinity columns of the header line.
 fn header(layout: Layout, line: &str) -> Result<Columns, TopoFault> {
@@ -384,7 +414,10 @@ fn header(layout: Layout, line: &str) -> Result<Columns, TopoFault> {
     if !cells.iter().any(|c| device_index(c, "GPU").is_some()) {
         return Err(TopoFault::NoGpuColumn);
     }
-    Ok((cells, affinity))
+    Ok(Columns {
+        devices: cells,
+        affinity,
+    })
 }
 
 /// Whitespace-separated header words with the affinity headers joined back.
