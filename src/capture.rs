@@ -33,6 +33,12 @@ pub const TOP: &str = "sysfs";
 /// ([`crate::rails::answers`]), beside the tree.
 pub const VENDOR: &str = "vendor";
 
+/// The top folders a capture may hold; any other name is refused. Each must
+/// be a folder, so that no top name can be a link to the host's own tree.
+/// Here beside the names, not in `replay`, because `errors` names them too
+/// and `replay` uses `errors`: no circle between the two.
+pub(crate) const TOPS: &[&str] = &[TOP, VENDOR];
+
 /// A packed capture, with what a replay's caps count.
 #[derive(Debug)]
 pub struct Packed {

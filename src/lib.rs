@@ -5,8 +5,9 @@
 //! is a pure function of that record; [`publish`] is the only code that writes
 //! what a pass found ([`hook`] writes only the binary itself, as NFD's hook).
 
-/// What `--version` prints for both binaries: the release and the commit it
-/// was built from, so a bug report names the exact build.
+/// What `--version` prints for every binary (`nodefabric`, `nodefabric-full`,
+/// both kubelet plugins, `kubectl-nodefabric`): the release and the commit
+/// it was built from, so a bug report names the exact build.
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",

@@ -1,4 +1,4 @@
-//! stderr logging for both binaries (stdout carries only command output).
+//! stderr logging for every binary (stdout carries only command output).
 
 /// Installs the `tracing` subscriber: plain text on stderr, colours only on a terminal.
 pub fn init(level: tracing::Level) {

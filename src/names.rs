@@ -1,5 +1,6 @@
-//! Name grammars and value checks shared by both binaries' command lines,
-//! kept below `cli` and `plugin` so neither imports the other.
+//! Name grammars and value checks shared by every command line
+//! (`nodefabric`'s, the device plugin's, the DRA driver's) and the CDI
+//! code, kept below `cli`, `plugin` and `dra` so none imports another.
 
 use std::time::Duration;
 

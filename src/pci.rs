@@ -12,8 +12,22 @@ pub fn is_pci_address(s: &str) -> bool {
     parse(s).is_some()
 }
 
-/// Splits a full PCI address into (domain, bus, device, function).
-pub fn parse(s: &str) -> Option<(u32, u8, u8, u8)> {
+/// A full PCI address's four numbers, named so no caller mixes up the
+/// bus and the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Address {
+    /// The PCI domain (segment): up to 32 bits as written, 16 in the kernel's form.
+    pub domain: u32,
+    /// The bus number.
+    pub bus: u8,
+    /// The device number (0 to 0x1f).
+    pub device: u8,
+    /// The function number (0 to 7).
+    pub function: u8,
+}
+
+/// Splits a full PCI address into its domain, bus, device and function.
+pub fn parse(s: &str) -> Option<Address> {
     let (dom, rest) = s.split_once(':')?;
     let (bus, rest) = rest.split_once(':')?;
     let (dev, func) = rest.split_once('.')?;
@@ -29,23 +43,28 @@ pub fn parse(s: &str) -> Option<(u32, u8, u8, u8)> {
     if dev_n > 0x1f || func_n > 7 {
         return None;
     }
-    Some((
-        u32::from_str_radix(dom, 16).ok()?,
-        u8::from_str_radix(bus, 16).ok()?,
-        dev_n,
-        func_n,
-    ))
+    Some(Address {
+        domain: u32::from_str_radix(dom, 16).ok()?,
+        bus: u8::from_str_radix(bus, 16).ok()?,
+        device: dev_n,
+        function: func_n,
+    })
 }
 
 /// Normalises a PCI address to the kernel's form: lowercase, 4-digit domain
 /// (`00000000:1B:00.0` as nvidia-smi prints it → `0000:1b:00.0`). `None` when
 /// the text is not a PCI address or the domain does not fit 16 bits.
 pub fn normalize(s: &str) -> Option<String> {
-    let (dom, bus, dev, func) = parse(s.trim())?;
-    if dom > 0xffff {
+    let Address {
+        domain,
+        bus,
+        device,
+        function,
+    } = parse(s.trim())?;
+    if domain > 0xffff {
         return None;
     }
-    Some(format!("{dom:04x}:{bus:02x}:{dev:02x}.{func:x}"))
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
 }
 
 /// The upstream bridges of a device, innermost first, from its canonical
@@ -186,7 +205,7 @@ impl<'a> Placed<'a> {
             card: c
                 .address
                 .and_then(parse)
-                .map(|(dom, bus, dev, _)| (dom, bus, dev)),
+                .map(|a| (a.domain, a.bus, a.device)),
             bridges: c.bridges,
             numa: c.numa,
         }

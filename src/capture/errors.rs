@@ -3,8 +3,7 @@
 
 use super::limits::MAX_HEADER_BYTES;
 use super::links::LinkFault;
-use super::replay::TOPS;
-use super::TOP;
+use super::{TOP, TOPS};
 use std::io;
 use std::path::PathBuf;
 

@@ -10,7 +10,7 @@ use super::cleanup::Folder;
 use super::errors::{Fault, ReplayError, VendorError};
 use super::limits::{Limits, MAX_HEADER_BYTES};
 use super::links::{self, LinkFault};
-use super::{TOP, VENDOR};
+use super::{TOP, TOPS, VENDOR};
 use flate2::read::GzDecoder;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -19,10 +19,6 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
-
-/// The top folders a capture may hold; any other name is refused. Each must
-/// be a folder, so that no top name can be a link to the host's own tree.
-pub(crate) const TOPS: &[&str] = &[TOP, VENDOR];
 
 /// An unpacked capture: the tree to read, and the folder that holds it,
 /// removed when this is dropped (or when SIGINT/SIGTERM ends the process).

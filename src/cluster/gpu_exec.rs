@@ -271,8 +271,59 @@ async fn run(
     }
 }
 
+/// Why one exec gave no output to parse, kept typed until it becomes the
+/// failed answer's text; each variant's text is what the answer has always
+/// said.
+#[derive(Debug, thiserror::Error)]
+enum ExecFailure {
+    /// The websocket handshake's bare 403: no channel protocol in common.
+    #[error("exec: the API server refused the websocket upgrade (403 without a Status: no channel protocol in common with {})", ["v5.channel.k8s.io", "v4.channel.k8s.io"].join(", "))]
+    Upgrade,
+    /// RBAC refused `create` on pods/exec.
+    #[error(transparent)]
+    Refused(ClusterError),
+    /// Any other failure to start the exec.
+    #[error("exec: {}", describe(.0))]
+    Start(kube::Error),
+    /// The connection ended without an exit status (and why, when it says).
+    #[error("the exec connection closed before the command's exit status{}", .0.as_deref().map(|e| format!(": {}", super::error::Chain(e))).unwrap_or_default())]
+    Closed(Option<Box<dyn std::error::Error + Send + Sync>>),
+    /// Standard output passed the cap.
+    #[error("printed more than {0} bytes on stdout (the cap); refused, not parsed")]
+    StdoutCap(u64),
+    /// Standard error passed the cap.
+    #[error("printed more than {0} bytes on stderr (the cap); refused")]
+    StderrCap(u64),
+    /// The command succeeded but printed text that is not UTF-8.
+    #[error("printed text that is not UTF-8: {0}")]
+    NotUtf8(std::string::FromUtf8Error),
+    /// The command exited non-zero.
+    #[error("exited with exit code {code}: {stderr}")]
+    ExitCode {
+        /// The exit code, as the status gives it.
+        code: String,
+        /// Its standard error, trimmed and capped.
+        stderr: String,
+    },
+    /// The exec failed otherwise, as its status says.
+    #[error("failed ({reason}): {message}: {stderr}")]
+    Failed {
+        /// The status's reason (`no reason` when it has none).
+        reason: String,
+        /// The status's message (`no message` when it has none).
+        message: String,
+        /// Its standard error, trimmed and capped.
+        stderr: String,
+    },
+}
+
 /// Runs `command` in `pod` and returns its standard output, or why not.
-async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Result<String, String> {
+async fn exec(
+    client: &Client,
+    pod: &Target,
+    command: &[&str],
+    cap: u64,
+) -> Result<String, ExecFailure> {
     let params = AttachParams::default()
         .container(pod.container.clone())
         .stdin(false)
@@ -288,17 +339,13 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
         .map_err(|e| match code(&e) {
             // RBAC's refusal is a Forbidden Status; the websocket handshake's
             // (no channel protocol in common) is a bare 403.
-            Some(403) if !is_rbac(&e) => format!(
-                "exec: the API server refused the websocket upgrade (403 without a Status: no channel protocol in common with {})",
-                ["v5.channel.k8s.io", "v4.channel.k8s.io"].join(", ")
-            ),
-            Some(403) => ClusterError::refused(
+            Some(403) if !is_rbac(&e) => ExecFailure::Upgrade,
+            Some(403) => ExecFailure::Refused(ClusterError::refused(
                 "exec",
                 format!("`create` on pods/exec in namespace {}", pod.namespace),
                 e,
-            )
-            .to_string(),
-            _ => format!("exec: {}", describe(&e)),
+            )),
+            _ => ExecFailure::Start(e),
         })?;
     let stdout = process.stdout().expect("stdout asked");
     let stderr = process.stderr().expect("stderr asked");
@@ -316,22 +363,14 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
         Ok(read) => (None, read),
         Err(Some(got)) => (Some(got), reads.await),
         Err(None) => {
-            let cause = match process.join().await {
-                Err(e) => format!(": {}", super::error::Chain(&e)),
-                Ok(()) => String::new(),
-            };
-            return Err(format!(
-                "the exec connection closed before the command's exit status{cause}"
-            ));
+            let cause = process.join().await.err().map(|e| e.into());
+            return Err(ExecFailure::Closed(cause));
         }
     };
     // Checked before the status is awaited: past the cap the loop waits on
     // a pipe nobody reads.
-    let out = out.map_err(|n| {
-        format!("printed more than {n} bytes on stdout (the cap); refused, not parsed")
-    })?;
-    let err =
-        err.map_err(|n| format!("printed more than {n} bytes on stderr (the cap); refused"))?;
+    let out = out.map_err(ExecFailure::StdoutCap)?;
+    let err = err.map_err(ExecFailure::StderrCap)?;
     let status = match got {
         Some(got) => Some(got),
         None => status.await,
@@ -343,7 +382,7 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
     };
     match status {
         Some(s) if s.status.as_deref() == Some("Success") => {
-            String::from_utf8(out).map_err(|e| format!("printed text that is not UTF-8: {e}"))
+            String::from_utf8(out).map_err(ExecFailure::NotUtf8)
         }
         Some(s) => {
             let exit = s
@@ -352,19 +391,21 @@ async fn exec(client: &Client, pod: &Target, command: &[&str], cap: u64) -> Resu
                 .and_then(|d| d.causes.as_ref())
                 .and_then(|c| c.iter().find(|c| c.reason.as_deref() == Some("ExitCode")))
                 .and_then(|c| c.message.clone());
-            let said = match exit {
+            Err(match exit {
                 Some(code) if s.reason.as_deref() == Some("NonZeroExitCode") => {
-                    format!("exited with exit code {code}")
+                    ExecFailure::ExitCode {
+                        code,
+                        stderr: stderr_text(),
+                    }
                 }
-                _ => format!(
-                    "failed ({}): {}",
-                    s.reason.as_deref().unwrap_or("no reason"),
-                    s.message.as_deref().unwrap_or("no message")
-                ),
-            };
-            Err(format!("{said}: {}", stderr_text()))
+                _ => ExecFailure::Failed {
+                    reason: s.reason.as_deref().unwrap_or("no reason").to_string(),
+                    message: s.message.as_deref().unwrap_or("no message").to_string(),
+                    stderr: stderr_text(),
+                },
+            })
         }
-        None => Err("the exec connection closed before the command's exit status".into()),
+        None => Err(ExecFailure::Closed(None)),
     }
 }
 

@@ -111,7 +111,7 @@ pub fn accelerators(
                     prev.and_then(|a| a.numa),
                     vec![UnreadableFact {
                         fact: Fact::Numa,
-                        reason: why,
+                        reason: why.to_string(),
                         kept: prev.is_some(),
                     }],
                 )

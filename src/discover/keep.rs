@@ -8,36 +8,66 @@
 //! every consumer already reads as `Unverified`, never as absence.
 
 use crate::record::{Fact, Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
-use crate::sysfs::SysRoot;
+use crate::sysfs::{SysError, SysRoot};
+
+/// Why a fact that is there (or may be) could not be read: kept typed until
+/// it is noted on the record, where its text is the fact's reason. Each
+/// variant's text is what the record has always said.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unreadable {
+    /// The attribute could not be read at all.
+    #[error(transparent)]
+    Read(#[from] SysError),
+    /// It was read, but is not a number (a truncated or foreign value).
+    #[error("{path}: {text:?} is not a number")]
+    NotANumber {
+        /// The attribute, relative to the sysfs root.
+        path: String,
+        /// What it held, trimmed.
+        text: String,
+    },
+    /// A `local_cpulist` that is not a CPU list as the kernel prints one.
+    #[error("{path}: {text:?} is not a CPU list")]
+    NotACpuList {
+        /// The attribute, relative to the sysfs root.
+        path: String,
+        /// What it held, trimmed.
+        text: String,
+    },
+}
 
 /// One attribute read as an answer or as unreadable: `Ok(Some(text))` read,
 /// `Ok(None)` the kernel has no such attribute, `Err(reason)` it is there (or
 /// may be) and could not be read.
-pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, String> {
+pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, Unreadable> {
     match root.read_trimmed(rel) {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// An attribute that must parse as `T` when present; text that does not
 /// parse is unreadable too (a truncated or foreign value is not an answer).
-pub(crate) fn parsed<T: std::str::FromStr>(root: &SysRoot, rel: &str) -> Result<Option<T>, String> {
+pub(crate) fn parsed<T: std::str::FromStr>(
+    root: &SysRoot,
+    rel: &str,
+) -> Result<Option<T>, Unreadable> {
     match attribute(root, rel)? {
         None => Ok(None),
-        Some(v) => v
-            .parse()
-            .map(Some)
-            .map_err(|_| format!("{rel}: {v:?} is not a number")),
+        Some(v) => v.parse().map(Some).map_err(|_| Unreadable::NotANumber {
+            path: rel.to_string(),
+            text: v,
+        }),
     }
 }
 
-/// Notes an unreadable fact on an endpoint (not yet kept).
-pub(crate) fn note(iface: &mut Interface, fact: Fact, reason: String) {
+/// Notes an unreadable fact on an endpoint (not yet kept): the record is
+/// where a reason becomes text.
+pub(crate) fn note(iface: &mut Interface, fact: Fact, reason: impl std::fmt::Display) {
     iface.unreadable.push(UnreadableFact {
         fact,
-        reason,
+        reason: reason.to_string(),
         kept: false,
     });
 }

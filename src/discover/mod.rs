@@ -82,13 +82,13 @@ fn resolve_verbs(record: &mut NodeRecord, index: &rdma::VerbsIndex) {
 /// The NUMA node of a device folder: `Ok(None)` when the kernel declined to
 /// answer (`-1`, or no `numa_node` at all), an error when the file could not
 /// be read or holds no number: unreadable is not the kernel's blank.
-pub(crate) fn numa_answer(root: &SysRoot, device: &str) -> Result<Option<u32>, String> {
+pub(crate) fn numa_answer(root: &SysRoot, device: &str) -> Result<Option<u32>, keep::Unreadable> {
     Ok(numa_node(root, device)?.and_then(node_number))
 }
 
 /// The `numa_node` attribute of a device folder as the kernel printed it
 /// (`-1` included): `Ok(None)` when there is no such attribute.
-pub(crate) fn numa_node(root: &SysRoot, device: &str) -> Result<Option<i64>, String> {
+pub(crate) fn numa_node(root: &SysRoot, device: &str) -> Result<Option<i64>, keep::Unreadable> {
     keep::parsed::<i64>(root, &join(device, "numa_node"))
 }
 

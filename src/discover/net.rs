@@ -1,7 +1,7 @@
 //! Network interfaces, starting at `class/net`, with SR-IOV VFs nested under
 //! their physical function.
 
-use super::keep::{attribute, note, parsed};
+use super::keep::{attribute, note, parsed, Unreadable};
 use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict};
@@ -167,7 +167,7 @@ impl Walk<'_> {
 
     /// A device's `local_cpulist`; for a PCI function on NUMA node `node`,
     /// the list already read for that node, else read and kept for it.
-    fn cpu_list(&mut self, dev: &str, node: Option<i64>) -> Result<Option<String>, String> {
+    fn cpu_list(&mut self, dev: &str, node: Option<i64>) -> Result<Option<String>, Unreadable> {
         if let Some(known) = node.and_then(|n| self.node_cpus.get(&n)) {
             return Ok(Some(known.clone()));
         }
@@ -439,10 +439,10 @@ const OPERSTATES: [&str; 7] = [
 /// A device's `local_cpulist`, which must read as the kernel prints a CPU
 /// list (`0-23,48-71`, or nothing): other text is unreadable, not an
 /// answer, and so is never taken for its NUMA node's list either.
-fn read_cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, String> {
+fn read_cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, Unreadable> {
     let rel = join(dev, "local_cpulist");
     match attribute(root, &rel)? {
-        Some(v) if !is_cpu_list(&v) => Err(format!("{rel}: {v:?} is not a CPU list")),
+        Some(v) if !is_cpu_list(&v) => Err(Unreadable::NotACpuList { path: rel, text: v }),
         v => Ok(v),
     }
 }

@@ -153,8 +153,8 @@ pub fn preferred(
         if !chosen.is_empty() && chosen.contains(id) {
             continue;
         }
-        if let Some((i, share)) = catalog.locate(resource, id) {
-            buckets[rank[i]].push((share, id));
+        if let Some(place) = catalog.locate(resource, id) {
+            buckets[rank[place.endpoint]].push((place.share, id));
         }
     }
     let runs: Vec<Run> = buckets

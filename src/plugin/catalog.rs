@@ -18,6 +18,13 @@ use tracing::warn;
 /// Concurrent holders one whole interface serves as `rdma.shared`.
 pub const SHARED_TOKENS: u32 = 64;
 
+/// Health strings kubelet understands: a token's health is the catalog's
+/// verdict, which the service reports and the metrics count (here, so
+/// that neither of those two imports the other for it).
+pub const HEALTHY: &str = "Healthy";
+/// See [`HEALTHY`].
+pub const UNHEALTHY: &str = "Unhealthy";
+
 /// The separator between an endpoint and its share number in a shared token.
 const SHARED_INFIX: &str = "-shared-";
 
@@ -179,15 +186,15 @@ impl Catalog {
 
     /// The endpoint a token ID stands for in a resource, if any.
     pub fn resolve(&self, resource: Resource, id: &str) -> Option<&Endpoint> {
-        let (i, _) = self.locate(resource, id)?;
-        Some(&self.endpoints(resource.family())[i])
+        let place = self.locate(resource, id)?;
+        Some(&self.endpoints(resource.family())[place.endpoint])
     }
 
     /// Where a token ID points: the index of its endpoint in
     /// [`Self::endpoints`] and its share number (0 outside `rdma.shared`).
     /// A binary search (endpoints are sorted by name), so locating every ID
     /// of a 40,000-token request stays cheap.
-    pub fn locate(&self, resource: Resource, id: &str) -> Option<(usize, u32)> {
+    pub fn locate(&self, resource: Resource, id: &str) -> Option<TokenPlace> {
         let (name, share) = match resource {
             Resource::Shared => {
                 // Only the exact spelling we advertise, "<endpoint>-shared-07":
@@ -211,9 +218,19 @@ impl Catalog {
             _ => (id, 0),
         };
         let eps = self.endpoints(resource.family());
-        let i = eps.binary_search_by(|ep| ep.name.as_str().cmp(name)).ok()?;
-        Some((i, share))
+        let endpoint = eps.binary_search_by(|ep| ep.name.as_str().cmp(name)).ok()?;
+        Some(TokenPlace { endpoint, share })
     }
+}
+
+/// Where a token ID points, as [`Catalog::locate`] finds it: named fields
+/// rather than a pair of numbers a caller could swap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenPlace {
+    /// The index of its endpoint in [`Catalog::endpoints`] of the resource's family.
+    pub endpoint: usize,
+    /// Its share number (0 outside `rdma.shared`).
+    pub share: u32,
 }
 
 /// A shared token's ID: the endpoint name and a two-digit share number.
@@ -348,12 +365,27 @@ mod tests {
             annotations: None,
         };
         let c = Catalog::default().with_family(Family::Whole, vec![ep("mlx5_0"), ep("mlx5_1")]);
-        assert_eq!(c.locate(Resource::Shared, "mlx5_1-shared-07"), Some((1, 7)));
+        assert_eq!(
+            c.locate(Resource::Shared, "mlx5_1-shared-07"),
+            Some(TokenPlace {
+                endpoint: 1,
+                share: 7
+            })
+        );
         assert_eq!(
             c.locate(Resource::Shared, "mlx5_0-shared-63"),
-            Some((0, 63))
+            Some(TokenPlace {
+                endpoint: 0,
+                share: 63
+            })
         );
-        assert_eq!(c.locate(Resource::Exclusive, "mlx5_1"), Some((1, 0)));
+        assert_eq!(
+            c.locate(Resource::Exclusive, "mlx5_1"),
+            Some(TokenPlace {
+                endpoint: 1,
+                share: 0
+            })
+        );
         for bad in [
             "mlx5_0-shared-64",
             "mlx5_0-shared-7",

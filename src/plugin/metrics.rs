@@ -16,8 +16,7 @@
 //! | `allocate_duration_seconds` | histogram | `resource` |
 //! | `preferred_allocation_duration_seconds` | histogram | `resource` |
 
-use super::catalog::{Catalog, Resource, SHARED_TOKENS};
-use super::service::{HEALTHY, UNHEALTHY};
+use super::catalog::{Catalog, Resource, HEALTHY, SHARED_TOKENS, UNHEALTHY};
 use crate::cdi::Family as CdiFamily;
 use crate::kubelet::probes::Probes;
 use prometheus_client::encoding::EncodeLabelSet;

@@ -2,7 +2,7 @@
 
 use super::allocate::{self, CdiDelivery};
 use super::api::{self, device_plugin_server::DevicePlugin};
-use super::catalog::{shared_id, Catalog, Endpoint, Resource, SHARED_TOKENS};
+use super::catalog::{shared_id, Catalog, Endpoint, Resource, HEALTHY, SHARED_TOKENS, UNHEALTHY};
 use super::metrics::{Observed, ResourceLabel};
 use crate::kubelet::conn::Hangup;
 use std::pin::Pin;
@@ -12,11 +12,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
-
-/// Health strings kubelet understands.
-pub const HEALTHY: &str = "Healthy";
-/// See [`HEALTHY`].
-pub const UNHEALTHY: &str = "Unhealthy";
 
 /// How the services of one server generation are set up.
 #[derive(Clone)]

@@ -194,9 +194,12 @@ pub enum RailError {
     /// An nvidia-smi answer is unreadable; its reason word for word.
     #[error("{0}")]
     NvidiaUnreadable(String),
-    /// An nvidia-smi answer does not parse.
+    /// An nvidia-smi `--query-gpu` answer does not parse.
     #[error(transparent)]
     NvidiaParse(#[from] nvsmi::ParseError),
+    /// An nvidia-smi `topo -m` answer does not parse.
+    #[error(transparent)]
+    TopoParse(#[from] nvsmi::ParseError<topo::TopoFault>),
     /// A GPU of `--query-gpu` that `topo -m` does not list.
     #[error("GPU{index} ({pci_bus_id}) is in --query-gpu but has no row in topo -m")]
     NoTopoRow {

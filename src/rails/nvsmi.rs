@@ -8,16 +8,44 @@
 use crate::pci;
 
 /// An nvidia-smi output that cannot be read, naming where once: the file or
-/// command, and the 1-based line when one line is at fault.
+/// command, and the 1-based line when one line is at fault. `R` is the
+/// parser's own reason ([`QueryFault`] here, [`super::topo::TopoFault`]
+/// for `topo -m`), kept typed until the error is printed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{origin}{}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
-pub struct ParseError {
+pub struct ParseError<R = QueryFault> {
     /// The file the text came from, or the command that printed it.
     pub origin: String,
     /// The 1-based line; `None` when the text as a whole is at fault.
     pub line: Option<usize>,
     /// What is wrong.
-    pub reason: String,
+    pub reason: R,
+}
+
+/// Why a `--query-gpu` line is refused; the text is what the error has
+/// always said.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryFault {
+    /// The line does not hold exactly `index, uuid, pci.bus_id`.
+    #[error("expected 3 comma-separated fields, got {found}: {line:?}")]
+    Fields {
+        /// How many fields it held.
+        found: usize,
+        /// The line, trimmed.
+        line: String,
+    },
+    /// The index field is not a number.
+    #[error("index {0:?} is not a number")]
+    Index(String),
+    /// The uuid field is not a GPU UUID.
+    #[error("uuid {0:?} does not start with GPU-")]
+    Uuid(String),
+    /// The bus id field is not a PCI address.
+    #[error("{0:?} is not a PCI address")]
+    PciAddress(String),
+    /// Two lines give the same index.
+    #[error("GPU index {0} listed twice")]
+    Twice(u32),
 }
 
 /// One GPU's stable identity from `--query-gpu`.
@@ -33,7 +61,7 @@ pub struct GpuIdentity {
 
 /// Parses `index, uuid, pci.bus_id` lines; `origin` names the text in errors.
 pub fn parse_query(text: &str, origin: &str) -> Result<Vec<GpuIdentity>, ParseError> {
-    let err = |line: usize, reason: String| ParseError {
+    let err = |line: usize, reason: QueryFault| ParseError {
         origin: origin.to_string(),
         line: Some(line),
         reason,
@@ -48,25 +76,22 @@ pub fn parse_query(text: &str, origin: &str) -> Result<Vec<GpuIdentity>, ParseEr
         let [index, uuid, bus] = fields[..] else {
             return Err(err(
                 n + 1,
-                format!(
-                    "expected 3 comma-separated fields, got {}: {line:?}",
-                    fields.len()
-                ),
+                QueryFault::Fields {
+                    found: fields.len(),
+                    line: line.to_string(),
+                },
             ));
         };
         let index: u32 = index
             .parse()
-            .map_err(|_| err(n + 1, format!("index {index:?} is not a number")))?;
+            .map_err(|_| err(n + 1, QueryFault::Index(index.to_string())))?;
         if !uuid.starts_with("GPU-") {
-            return Err(err(
-                n + 1,
-                format!("uuid {uuid:?} does not start with GPU-"),
-            ));
+            return Err(err(n + 1, QueryFault::Uuid(uuid.to_string())));
         }
         let pci_bus_id = pci::normalize(bus)
-            .ok_or_else(|| err(n + 1, format!("{bus:?} is not a PCI address")))?;
+            .ok_or_else(|| err(n + 1, QueryFault::PciAddress(bus.to_string())))?;
         if out.iter().any(|g| g.index == index) {
-            return Err(err(n + 1, format!("GPU index {index} listed twice")));
+            return Err(err(n + 1, QueryFault::Twice(index)));
         }
         out.push(GpuIdentity {
             index,

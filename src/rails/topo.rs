@@ -27,6 +27,136 @@ pub use super::nvsmi::ParseError;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
+/// Why a `topo -m` dump is refused, kept typed until the error is
+/// printed; each variant's text is what the error has always said (the
+/// README and the tests quote it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopoFault {
+    /// No line reads as a header naming a GPU column.
+    #[error("no header row with GPU columns")]
+    NoHeader,
+    /// A blank or legend line ends the matrix before this device's row.
+    #[error("the matrix ends here without a row for {0}")]
+    MatrixEnds(String),
+    /// The text ends before this device's row.
+    #[error("the text ends after this line without a row for {0}")]
+    TextEnds(String),
+    /// A header cell after the affinity columns is not one of them.
+    #[error("header cell {cell:?} after the affinity columns is not one of {names:?}", names = AFFINITY_COLUMNS)]
+    AfterAffinity {
+        /// The cell.
+        cell: String,
+    },
+    /// A header cell is neither a device nor an affinity column.
+    #[error("header cell {cell:?} is neither a device name nor one of {names:?}", names = AFFINITY_COLUMNS)]
+    HeaderCell {
+        /// The cell.
+        cell: String,
+    },
+    /// The header names a device twice.
+    #[error("header names {0} twice")]
+    HeaderTwice(String),
+    /// The header has no GPU column.
+    #[error("no GPU column before the affinity columns")]
+    NoGpuColumn,
+    /// A row's label is not a device column.
+    #[error("row {label:?} is not a device column of the header ({})", columns.join(" "))]
+    UnknownRow {
+        /// The row's first cell.
+        label: String,
+        /// The header's device columns.
+        columns: Vec<String>,
+    },
+    /// A device has a second row.
+    #[error("{0} has a second row")]
+    SecondRow(String),
+    /// A row has fewer cells than device columns.
+    #[error("{label}: {found} cells, the header has {devices} device columns (a lost separator?)")]
+    FewCells {
+        /// The row's device.
+        label: String,
+        /// The cells after its label.
+        found: usize,
+        /// The header's device columns.
+        devices: usize,
+    },
+    /// A row's affinity cells are neither all nor none.
+    #[error("{label}: {found} cells, the header has {devices} device and {affinity} affinity columns (a lost or extra separator?)")]
+    AffinityCells {
+        /// The row's device.
+        label: String,
+        /// The non-empty cells after its label.
+        found: usize,
+        /// The header's device columns.
+        devices: usize,
+        /// The header's affinity columns.
+        affinity: usize,
+    },
+    /// A device cell is empty.
+    #[error("{label}: empty cell under {column}")]
+    EmptyCell {
+        /// The row's device.
+        label: String,
+        /// The column.
+        column: String,
+    },
+    /// A device cell is not a path class.
+    #[error("{label}: cell {cell:?} under {column} is not a path class")]
+    NotAClass {
+        /// The row's device.
+        label: String,
+        /// The cell.
+        cell: String,
+        /// The column.
+        column: String,
+    },
+    /// The row's `X` is not under its own column (cells shifted).
+    #[error("{label}: `X` must stand under {label} only, found {cell:?} under {column} (cells shifted?)")]
+    Shifted {
+        /// The row's device.
+        label: String,
+        /// The cell.
+        cell: String,
+        /// The column.
+        column: String,
+    },
+    /// An affinity cell is neither a list nor `N/A`.
+    #[error("{label}: {column} {cell:?} is neither a list like 0-15,32 nor N/A")]
+    Affinity {
+        /// The row's device.
+        label: String,
+        /// The affinity column.
+        column: String,
+        /// The cell.
+        cell: String,
+    },
+    /// A legend line starting `NICn` is not `NICn: name`.
+    #[error("NIC Legend entry {0:?} is not `NICn: name`")]
+    LegendEntry(String),
+    /// The legend names a NIC the matrix has no column for.
+    #[error("NIC Legend names {0}, which is not a column of the matrix")]
+    LegendUnknown(String),
+    /// The legend gives one device name to two NICs.
+    #[error("NIC Legend gives {name} to both {other} and {nic}")]
+    LegendShared {
+        /// The device name.
+        name: String,
+        /// The NIC it was given to first.
+        other: String,
+        /// The NIC it is given to again.
+        nic: String,
+    },
+    /// The legend lists a NIC twice.
+    #[error("NIC Legend lists {0} twice")]
+    LegendTwice(String),
+    /// A `NICn` column has no legend entry.
+    #[error("column {0} is not in the NIC Legend")]
+    NotInLegend(String),
+    /// A device is named both by a column and by a legend entry.
+    #[error("{0} is both a column and a NIC Legend name")]
+    ColumnAndLegend(String),
+}
+
 /// The three affinity columns nvidia-smi prints after the device columns.
 pub const AFFINITY_COLUMNS: [&str; 3] = ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"];
 
@@ -121,19 +251,26 @@ impl Layout {
 
 /// Parses `nvidia-smi topo -m`; `origin` names the text in errors (a path,
 /// or the command).
-pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
-    let err = |line: Option<usize>, reason: String| ParseError {
+pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError<TopoFault>> {
+    let err = |line: Option<usize>, reason: TopoFault| ParseError {
         origin: origin.to_string(),
         line,
         reason,
     };
     let text = strip_ansi(text);
     let lines: Vec<&str> = text.lines().collect();
-    let (header_at, layout, (columns, affinity_columns)) =
-        find_header(&lines).map_err(|found| match found {
-            Some((n, reason)) => err(Some(n + 1), reason),
-            None => err(None, "no header row with GPU columns".into()),
-        })?;
+    let Header {
+        at: header_at,
+        layout,
+        columns:
+            Columns {
+                devices: columns,
+                affinity: affinity_columns,
+            },
+    } = find_header(&lines).map_err(|found| match found {
+        Some((n, reason)) => err(Some(n + 1), reason),
+        None => err(None, TopoFault::NoHeader),
+    })?;
     let mut topo = Topo {
         columns,
         affinity_columns,
@@ -162,15 +299,9 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
         // Point at the blank or legend line that ended the matrix, or at the
         // last line when the text itself ends (a paste cut short).
         return Err(if end < lines.len() {
-            err(
-                Some(end + 1),
-                format!("the matrix ends here without a row for {missing}"),
-            )
+            err(Some(end + 1), TopoFault::MatrixEnds(missing.clone()))
         } else {
-            err(
-                Some(end),
-                format!("the text ends after this line without a row for {missing}"),
-            )
+            err(Some(end), TopoFault::TextEnds(missing.clone()))
         });
     }
     topo.legend = legend(&lines[end..], end, &topo.columns).map_err(|(line, r)| err(line, r))?;
@@ -184,7 +315,7 @@ pub fn parse_topo(text: &str, origin: &str) -> Result<Topo, ParseError> {
 /// a GPU (`GPU0 NVIDIA H100`) is passed over; else the first one that reads
 /// (its damaged first row is then refused on its own line); else the first
 /// candidate's fault, if any. Returns the line, its layout and its columns.
-fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize, String)>> {
+fn find_header(lines: &[&str]) -> Result<Header, Option<(usize, TopoFault)>> {
     let mut fallback = None;
     let mut first_fault = None;
     for (n, line) in lines.iter().enumerate() {
@@ -205,11 +336,19 @@ fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize
                     .unwrap_or_default();
                 let is_row = next
                     .first()
-                    .is_some_and(|label| columns.0.iter().any(|c| c == label));
+                    .is_some_and(|label| columns.devices.iter().any(|c| c == label));
                 if is_row && next.contains(&"X") {
-                    return Ok((n, layout, columns));
+                    return Ok(Header {
+                        at: n,
+                        layout,
+                        columns,
+                    });
                 }
-                fallback.get_or_insert((n, layout, columns));
+                fallback.get_or_insert(Header {
+                    at: n,
+                    layout,
+                    columns,
+                });
             }
             Err(reason) => {
                 first_fault.get_or_insert((n, reason));
@@ -220,10 +359,25 @@ fn find_header(lines: &[&str]) -> Result<(usize, Layout, Columns), Option<(usize
 }
 
 /// A header's device columns and affinity columns, in order.
-type Columns = (Vec<String>, Vec<String>);
+struct Columns {
+    /// The device columns (`GPU0`, `NIC3`, `mlx5_0`).
+    devices: Vec<String>,
+    /// The affinity columns after them.
+    affinity: Vec<String>,
+}
+
+/// The header line found: where, how its cells are separated, its columns.
+struct Header {
+    /// The 0-based index of the header line.
+    at: usize,
+    /// How its cells (and the rows') are separated.
+    layout: Layout,
+    /// What it names.
+    columns: Columns,
+}
 
 /// The device columns and affinity columns of the header line.
-fn header(layout: Layout, line: &str) -> Result<Columns, String> {
+fn header(layout: Layout, line: &str) -> Result<Columns, TopoFault> {
     let mut cells: Vec<String> = match layout {
         Layout::Tabs => {
             let mut cells = layout.cells(line);
@@ -247,24 +401,23 @@ fn header(layout: Layout, line: &str) -> Result<Columns, String> {
         .iter()
         .find(|c| !AFFINITY_COLUMNS.contains(&c.as_str()))
     {
-        return Err(format!(
-            "header cell {bad:?} after the affinity columns is not one of {AFFINITY_COLUMNS:?}"
-        ));
+        return Err(TopoFault::AfterAffinity { cell: bad.clone() });
     }
     for (i, c) in cells.iter().enumerate() {
         if !is_device_name(c) {
-            return Err(format!(
-                "header cell {c:?} is neither a device name nor one of {AFFINITY_COLUMNS:?}"
-            ));
+            return Err(TopoFault::HeaderCell { cell: c.clone() });
         }
         if cells[..i].contains(c) {
-            return Err(format!("header names {c} twice"));
+            return Err(TopoFault::HeaderTwice(c.clone()));
         }
     }
     if !cells.iter().any(|c| device_index(c, "GPU").is_some()) {
-        return Err("no GPU column before the affinity columns".into());
+        return Err(TopoFault::NoGpuColumn);
     }
-    Ok((cells, affinity))
+    Ok(Columns {
+        devices: cells,
+        affinity,
+    })
 }
 
 /// Whitespace-separated header words with the affinity headers joined back.
@@ -287,25 +440,26 @@ fn merge_affinity_words(words: &[&str]) -> Vec<String> {
 }
 
 /// One matrix row, checked against the header.
-fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, String> {
+fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, TopoFault> {
     let cells = layout.cells(line);
     let label = cells[0];
     if !topo.columns.iter().any(|c| c == label) {
-        return Err(format!(
-            "row {label:?} is not a device column of the header ({})",
-            topo.columns.join(" ")
-        ));
+        return Err(TopoFault::UnknownRow {
+            label: label.to_string(),
+            columns: topo.columns.clone(),
+        });
     }
     if topo.rows.iter().any(|r| r.label == label) {
-        return Err(format!("{label} has a second row"));
+        return Err(TopoFault::SecondRow(label.to_string()));
     }
     let (d, a) = (topo.columns.len(), topo.affinity_columns.len());
     let rest = &cells[1..];
     if rest.len() < d {
-        return Err(format!(
-            "{label}: {} cells, the header has {d} device columns (a lost separator?)",
-            rest.len()
-        ));
+        return Err(TopoFault::FewCells {
+            label: label.to_string(),
+            found: rest.len(),
+            devices: d,
+        });
     }
     let (devices, tail) = rest.split_at(d);
     // Tabs keep empty cells: NIC rows end in them, GPU rows carry one before
@@ -313,29 +467,42 @@ fn row(layout: Layout, line: &str, line_no: usize, topo: &Topo) -> Result<Row, S
     // every affinity cell or none.
     let affinity: Vec<&str> = tail.iter().copied().filter(|c| !c.is_empty()).collect();
     if !affinity.is_empty() && affinity.len() != a {
-        return Err(format!(
-            "{label}: {} cells, the header has {d} device and {a} affinity columns (a lost or extra separator?)",
-            rest.iter().filter(|c| !c.is_empty()).count()
-        ));
+        return Err(TopoFault::AffinityCells {
+            label: label.to_string(),
+            found: rest.iter().filter(|c| !c.is_empty()).count(),
+            devices: d,
+            affinity: a,
+        });
     }
     for (col, cell) in topo.columns.iter().zip(devices) {
         if cell.is_empty() {
-            return Err(format!("{label}: empty cell under {col}"));
+            return Err(TopoFault::EmptyCell {
+                label: label.to_string(),
+                column: col.clone(),
+            });
         }
         if !is_class(cell) {
-            return Err(format!(
-                "{label}: cell {cell:?} under {col} is not a path class"
-            ));
+            return Err(TopoFault::NotAClass {
+                label: label.to_string(),
+                cell: cell.to_string(),
+                column: col.clone(),
+            });
         }
         if (*cell == "X") != (col == label) {
-            return Err(format!("{label}: `X` must stand under {label} only, found {cell:?} under {col} (cells shifted?)"));
+            return Err(TopoFault::Shifted {
+                label: label.to_string(),
+                cell: cell.to_string(),
+                column: col.clone(),
+            });
         }
     }
     for (col, cell) in topo.affinity_columns.iter().zip(&affinity) {
         if *cell != "N/A" && NodeList::parse(cell).is_none() {
-            return Err(format!(
-                "{label}: {col} {cell:?} is neither a list like 0-15,32 nor N/A"
-            ));
+            return Err(TopoFault::Affinity {
+                label: label.to_string(),
+                column: col.clone(),
+                cell: cell.to_string(),
+            });
         }
     }
     Ok(Row {
@@ -353,8 +520,8 @@ fn legend(
     lines: &[&str],
     offset: usize,
     columns: &[String],
-) -> Result<BTreeMap<String, String>, (Option<usize>, String)> {
-    let mut out = BTreeMap::new();
+) -> Result<BTreeMap<String, String>, (Option<usize>, TopoFault)> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
     let start = lines.iter().position(|l| l.trim() == "NIC Legend:");
     if let Some(start) = start {
         for (i, l) in lines.iter().enumerate().skip(start + 1) {
@@ -373,25 +540,23 @@ fn legend(
             let Some((nic, name)) =
                 entry.filter(|(nic, name)| *nic == word && is_device_name(name))
             else {
-                return Err((
-                    line_no,
-                    format!("NIC Legend entry {l:?} is not `NICn: name`"),
-                ));
+                return Err((line_no, TopoFault::LegendEntry(l.to_string())));
             };
             if !columns.iter().any(|c| c == nic) {
-                return Err((
-                    line_no,
-                    format!("NIC Legend names {nic}, which is not a column of the matrix"),
-                ));
+                return Err((line_no, TopoFault::LegendUnknown(nic.to_string())));
             }
             if let Some(other) = out.iter().find_map(|(k, v)| (v == name).then_some(k)) {
                 return Err((
                     line_no,
-                    format!("NIC Legend gives {name} to both {other} and {nic}"),
+                    TopoFault::LegendShared {
+                        name: name.to_string(),
+                        other: other.clone(),
+                        nic: nic.to_string(),
+                    },
                 ));
             }
             if out.insert(nic.to_string(), name.to_string()).is_some() {
-                return Err((line_no, format!("NIC Legend lists {nic} twice")));
+                return Err((line_no, TopoFault::LegendTwice(nic.to_string())));
             }
         }
     }
@@ -399,13 +564,13 @@ fn legend(
         .iter()
         .find(|c| device_index(c, "NIC").is_some() && !out.contains_key(*c))
     {
-        return Err((None, format!("column {c} is not in the NIC Legend")));
+        return Err((None, TopoFault::NotInLegend(c.clone())));
     }
     Ok(out)
 }
 
 /// Fills the GPU views from the rows.
-fn reduce(topo: &mut Topo) -> Result<(), String> {
+fn reduce(topo: &mut Topo) -> Result<(), TopoFault> {
     let numa_col = topo
         .affinity_columns
         .iter()
@@ -421,7 +586,7 @@ fn reduce(topo: &mut Topo) -> Result<(), String> {
             }
             let name = topo.legend.get(col).unwrap_or(col);
             if paths.insert(name.clone(), cell.clone()).is_some() {
-                return Err(format!("{name} is both a column and a NIC Legend name"));
+                return Err(TopoFault::ColumnAndLegend(name.clone()));
             }
         }
         topo.gpu_to_nic.insert(index, paths);

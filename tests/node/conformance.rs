@@ -141,10 +141,10 @@ fn the_rows_that_name_our_constants_show_what_the_code_holds() {
             "kubelet socket",
             nodefabric::plugin::server::KUBELET_SOCKET.to_string(),
         ),
-        ("Healthy", nodefabric::plugin::service::HEALTHY.to_string()),
+        ("Healthy", nodefabric::plugin::catalog::HEALTHY.to_string()),
         (
             "Unhealthy",
-            nodefabric::plugin::service::UNHEALTHY.to_string(),
+            nodefabric::plugin::catalog::UNHEALTHY.to_string(),
         ),
         (
             "CDI annotation prefix",

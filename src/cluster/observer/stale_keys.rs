@@ -32,9 +32,10 @@ pub struct Stale {
     pub why: String,
 }
 
-/// What one clean-up did.
+/// What one clean-up did (named for what it is, not `Outcome`: the
+/// kubelet spec loader and the DRA slice publisher have their own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Cleanup {
     /// Keys removed.
     pub removed: Vec<String>,
     /// Keys whose value changed between the read and the removal: left alone.
@@ -96,7 +97,7 @@ pub async fn clean(
     owner: &Owner,
     nodes: &Nodes,
     key: Option<&str>,
-) -> Result<Outcome, ClusterError> {
+) -> Result<Cleanup, ClusterError> {
     let api: Api<ConfigMap> =
         Api::namespaced(client.clone(), cm.namespace.as_deref().unwrap_or_default());
     let current = api.get(&cm.name).await.map_err(|e| match code(&e) {
@@ -105,7 +106,7 @@ pub async fn clean(
     })?;
     super::claim::check(cm, owner, &current)?;
     let data = current.data.unwrap_or_default();
-    let mut out = Outcome::default();
+    let mut out = Cleanup::default();
     for candidate in stale(&data, nodes, key) {
         let now = node_now(client, &candidate.key).await?;
         let Some(confirmed) = stale(

@@ -20,7 +20,7 @@
 //! Records are listed as metadata only, in pages, so 10,000 records cost a
 //! few MiB, and requests beyond the list grow with the stale records alone.
 
-use super::stale_keys::{node_now, Nodes, Outcome};
+use super::stale_keys::{node_now, Cleanup, Nodes};
 use crate::cluster::node_rail_record::{
     no_resource, owner_uid, record_error, records_untyped, NodeRailRecord,
 };
@@ -122,11 +122,11 @@ pub async fn clean(
     client: &Client,
     nodes: &Nodes,
     only: Option<&str>,
-) -> Result<Outcome, ClusterError> {
+) -> Result<Cleanup, ClusterError> {
     // Untyped: a stored record of another format version must not fail the
     // delete's answer after the server has done it.
     let api = records_untyped(client);
-    let mut out = Outcome::default();
+    let mut out = Cleanup::default();
     for record in list(client, only).await? {
         if why_stale(&record, nodes).is_none() {
             continue;
