@@ -174,7 +174,14 @@ mod tests {
             .collect();
         assert_eq!(columns, ["GPUs", "Rails", "Source", "Age"]);
         let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
-        for key in ["version", "nodeUID", "railSource", "nics", "gpus"] {
+        for key in [
+            "version",
+            "nodeUID",
+            "railSource",
+            "nics",
+            "railIndex",
+            "gpus",
+        ] {
             assert!(
                 spec["properties"].get(key).is_some(),
                 "spec.{key} missing: {spec}"
@@ -226,6 +233,7 @@ mod tests {
             node_uid: "u".into(),
             rail_source: "host-lldp".into(),
             nics: Default::default(),
+            rail_index: Default::default(),
             gpus: vec![],
         };
         r.nics.insert("0000:01:00.0".into(), vec!["rail0".into()]);

@@ -257,6 +257,7 @@ mod tests {
             node_uid: String::new(),
             rail_source: "interface-name".into(),
             nics: BTreeMap::from([("0000:04:00.0".to_string(), vec!["rail0".to_string()])]),
+            rail_index: BTreeMap::new(),
             gpus: Vec::new(),
         };
         let d = of_device(
