@@ -3,7 +3,7 @@
 //! shared ConfigMap's 1 MiB (about 370 nodes of 8 GPUs and 4 rails).
 //!
 //! The custom resource's spec is the very record `nodefabric rails` prints
-//! (format version, nodeUID, railSource, nics, gpus), and its CRD is derived
+//! (format version, nodeUID, railSource, nics, railIndex, gpus), and its CRD is derived
 //! from those Rust types ([`crd_yaml`], `nodefabric crd`), so the schema the
 //! API server validates against cannot drift from what the broker writes.
 //!
@@ -39,7 +39,7 @@ pub const SOURCE_LABEL: &str = "nodefabric.gpustack.ai/rail-source";
 
 /// The node's rail record: the same JSON `nodefabric rails` prints and the
 /// shared ConfigMap holds under the node's key (version, nodeUID,
-/// railSource, nics, gpus).
+/// railSource, nics, railIndex, gpus).
 // Each printer column repeats `type_ = "integer"` and the like, which clippy
 // takes for a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
