@@ -3,7 +3,7 @@
 //! shared ConfigMap's 1 MiB (about 370 nodes of 8 GPUs and 4 rails).
 //!
 //! The custom resource's spec is the very record `nodefabric rails` prints
-//! (format version, nodeUID, railSource, nics, gpus), and its CRD is derived
+//! (format version, nodeUID, railSource, nics, railIndex, gpus), and its CRD is derived
 //! from those Rust types ([`crd_yaml`], `nodefabric crd`), so the schema the
 //! API server validates against cannot drift from what the broker writes.
 //!
@@ -39,7 +39,7 @@ pub const SOURCE_LABEL: &str = "nodefabric.gpustack.ai/rail-source";
 
 /// The node's rail record: the same JSON `nodefabric rails` prints and the
 /// shared ConfigMap holds under the node's key (version, nodeUID,
-/// railSource, nics, gpus).
+/// railSource, nics, railIndex, gpus).
 // Each printer column repeats `type_ = "integer"` and the like, which clippy
 // takes for a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
@@ -174,7 +174,14 @@ mod tests {
             .collect();
         assert_eq!(columns, ["GPUs", "Rails", "Source", "Age"]);
         let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
-        for key in ["version", "nodeUID", "railSource", "nics", "gpus"] {
+        for key in [
+            "version",
+            "nodeUID",
+            "railSource",
+            "nics",
+            "railIndex",
+            "gpus",
+        ] {
             assert!(
                 spec["properties"].get(key).is_some(),
                 "spec.{key} missing: {spec}"
@@ -226,6 +233,7 @@ mod tests {
             node_uid: "u".into(),
             rail_source: "host-lldp".into(),
             nics: Default::default(),
+            rail_index: Default::default(),
             gpus: vec![],
         };
         r.nics.insert("0000:01:00.0".into(), vec!["rail0".into()]);

@@ -43,7 +43,8 @@ pub struct Prepared {
     pub devices: Vec<PreparedDevice>,
     /// Their RDMA devices, each once.
     pub rdma_devices: Vec<String>,
-    /// What the claim's spec sets `NCCL_IB_HCA` to, as `name:port` entries:
+    /// What the claim's spec sets `NCCL_IB_HCA` to, as `name:port` (or
+    /// `name:port:rail`) entries:
     /// every NIC of the container(s) holding it ([`super::nccl`]). Empty in
     /// claims prepared by releases before it (and not written then, so
     /// their checkpoint keeps its bytes): their spec keeps naming
@@ -279,6 +280,7 @@ mod tests {
                 rdma_device: "mlx5_0".into(),
                 link: LinkState::Ok,
                 ports: None,
+                rail_index: None,
                 attributes: Default::default(),
             }],
             refused: vec![],

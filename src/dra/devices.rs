@@ -48,6 +48,9 @@ pub struct DraDevice {
     /// The ports' states the verdict rests on (`1=DOWN/Disabled`), when
     /// the spec says: a `Failed` device's taint value and health message.
     pub ports: Option<String>,
+    /// The index the rail record gives the NIC's one rail (`railIndex`),
+    /// NCCL's third `NCCL_IB_HCA` field; `None` without one.
+    pub rail_index: Option<u32>,
     /// Attribute name → value. Standard attributes carry their domain
     /// (`resource.kubernetes.io/pcieRoot`); the driver's own are bare
     /// (`linkState`), which the API reads as in the driver's domain.
@@ -190,7 +193,12 @@ fn of_device(
     if let Some(parent) = &a.parent {
         put(attr::PARENT_PCI_BUS_ID, Attribute::String(parent.clone()));
     }
-    if let Some(rail) = rail_of(rails, a) {
+    let rail = rail_of(rails, a);
+    // Only a NIC on exactly one rail has one index to tell.
+    let rail_index = rail
+        .as_ref()
+        .and_then(|r| rails?.rail_index.get(r).copied());
+    if let Some(rail) = rail {
         put(attr::RAIL, Attribute::String(rail));
     }
     DraDevice {
@@ -200,6 +208,7 @@ fn of_device(
         rdma_device: a.rdma_device.clone(),
         link: a.link,
         ports: a.ports.clone(),
+        rail_index,
         attributes,
     }
 }
@@ -257,6 +266,7 @@ mod tests {
             node_uid: String::new(),
             rail_source: "interface-name".into(),
             nics: BTreeMap::from([("0000:04:00.0".to_string(), vec!["rail0".to_string()])]),
+            rail_index: BTreeMap::new(),
             gpus: Vec::new(),
         };
         let d = of_device(

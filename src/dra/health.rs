@@ -166,6 +166,7 @@ mod tests {
             rdma_device: "mlx5_0".into(),
             link,
             ports: ports.map(str::to_string),
+            rail_index: None,
             attributes: Default::default(),
         }
     }

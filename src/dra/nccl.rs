@@ -5,8 +5,9 @@
 //! claim's NICs would leave NCCL seeing one claim's. So each claim's value
 //! is the union of every NIC of this driver the container was given, by
 //! all its claims, each once, as `name:port` after NCCL's exact-match `=`
-//! (`=mlx5_0:1,mlx5_1:1`); every claim of the container then sets the same
-//! value, and whichever is applied last is right.
+//! (`=mlx5_0:1,mlx5_1:1`), or `name:port:rail` where the rail record gives
+//! every one's rail an index; every claim of the container then sets the
+//! same value, and whichever is applied last is right.
 //!
 //! The containers come from the claim's `status.reservedFor` pods: each
 //! container whose `resources.claims` names this claim, its other claims
@@ -29,7 +30,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_PORT: u32 = 1;
 
 /// One `NCCL_IB_HCA` entry, `mlx5_0:1`: the device's first port whose state
-/// is `ACTIVE`, else its first port, else [`DEFAULT_PORT`].
+/// is `ACTIVE`, else its first port, else [`DEFAULT_PORT`]; `mlx5_0:1:0`
+/// when the rail record gives the NIC's rail an index (NCCL 2.30.7+ reads
+/// the third field as the rail; older releases read up to the port).
 pub fn entry(device: &DraDevice) -> String {
     let ports: Vec<(u32, bool)> = device
         .ports
@@ -46,14 +49,28 @@ pub fn entry(device: &DraDevice) -> String {
         .find(|(_, active)| *active)
         .or(ports.first())
         .map_or(DEFAULT_PORT, |(n, _)| *n);
-    format!("{}:{port}", device.rdma_device)
+    match device.rail_index {
+        Some(rail) => format!("{}:{port}:{rail}", device.rdma_device),
+        None => format!("{}:{port}", device.rdma_device),
+    }
 }
 
 /// The variable's value for these entries: NCCL's exact-match `=` (plain
 /// `mlx5_1` would also match `mlx5_10`), each entry once, in natural order
-/// so every claim of a container writes the same bytes.
+/// so every claim of a container writes the same bytes. Rails are told for
+/// every NIC or for none: where one entry has no rail index (a NIC on no
+/// rail, or on two) the others' are dropped too, so NCCL never pairs a
+/// NIC of a known rail with one whose rail it must guess.
 pub fn value(entries: &[String]) -> String {
-    let unique: BTreeSet<&String> = entries.iter().collect();
+    let every_rail = entries.iter().all(|e| e.splitn(3, ':').nth(2).is_some());
+    let told: Vec<String> = entries
+        .iter()
+        .map(|e| match every_rail {
+            true => e.clone(),
+            false => e.splitn(3, ':').take(2).collect::<Vec<_>>().join(":"),
+        })
+        .collect();
+    let unique: BTreeSet<&String> = told.iter().collect();
     let mut sorted: Vec<&String> = unique.into_iter().collect();
     // By the device name's number (`mlx5_2` before `mlx5_10`), then port.
     sorted.sort_by_key(|e| {
@@ -424,6 +441,7 @@ mod tests {
             rdma_device: format!("mlx5_{i}"),
             link: LinkState::Ok,
             ports: ports.map(str::to_string),
+            rail_index: None,
             attributes: Default::default(),
         }
     }
@@ -510,6 +528,22 @@ mod tests {
         assert_eq!(entry(&nic(0, Some("2=DOWN/Polling"))), "mlx5_0:2");
         let entries = ["mlx5_10:1", "mlx5_2:1", "mlx5_10:1"].map(String::from);
         assert_eq!(value(&entries), "=mlx5_2:1,mlx5_10:1");
+    }
+
+    #[test]
+    fn a_nic_whose_rail_has_an_index_is_told_it_as_the_third_field() {
+        let mut d = nic(0, Some("1=ACTIVE/LinkUp"));
+        d.rail_index = Some(3);
+        assert_eq!(entry(&d), "mlx5_0:1:3");
+        let entries = ["mlx5_10:1:1", "mlx5_2:1:0"].map(String::from);
+        assert_eq!(value(&entries), "=mlx5_2:1:0,mlx5_10:1:1");
+    }
+
+    #[test]
+    fn one_nic_without_a_rail_index_drops_the_rails_of_every_entry() {
+        // A NIC on no rail among railed ones: NCCL gets no partial rail map.
+        let entries = ["mlx5_0:1:0", "mlx5_1:1", "mlx5_0:1:0"].map(String::from);
+        assert_eq!(value(&entries), "=mlx5_0:1,mlx5_1:1");
     }
 
     #[test]

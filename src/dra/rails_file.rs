@@ -110,6 +110,8 @@ mod tests {
         std::fs::write(&path, serde_json::to_vec(&good).unwrap()).unwrap();
         assert!(f.look());
         assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);
+        // Written before records carried `railIndex`: read, with no index.
+        assert!(f.record().unwrap().rail_index.is_empty());
         std::fs::write(&path, b"{\"version\": ").unwrap();
         assert!(!f.look());
         assert_eq!(f.record().unwrap().nics["0000:3b:00.0"], ["rail0"]);

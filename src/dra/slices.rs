@@ -188,6 +188,7 @@ mod tests {
                         LinkState::Ok
                     },
                     ports: (i == 0).then(|| "1=DOWN/Disabled".to_string()),
+                    rail_index: None,
                     attributes: BTreeMap::from([(
                         crate::dra::attributes::RDMA_DEVICE.to_string(),
                         Attribute::String(format!("mlx5_{i}")),

@@ -61,9 +61,26 @@ pub struct RailRecord {
     pub rail_source: String,
     /// NIC PCI address → the rails it is on.
     pub nics: BTreeMap<String, Vec<String>>,
+    /// Rail ID → its integer index, the number that ends the ID (`rail3` →
+    /// 3), for NCCL's `name:port:rail`; absent when the IDs give none
+    /// (records written before it have none either).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "rail_index_schema")]
+    pub rail_index: BTreeMap<String, u32>,
     /// Every GPU with its preferred NICs per rail, sorted by PCI address;
     /// empty when no rail was found.
     pub gpus: Vec<GpuRails>,
+}
+
+/// `railIndex` in the CRD: integers as Kubernetes formats them (`int32`;
+/// schemars would say `uint32`, a format the API server does not list). No
+/// `minimum`: the CRD type holds it as a float, which the YAML round trip
+/// of deploy/ does not keep; the values are never negative by type.
+fn rail_index_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int32"}
+    })
 }
 
 /// One GPU's preferred NICs.
@@ -241,6 +258,7 @@ pub fn build(
             .iter()
             .map(|(k, v)| (k.clone(), v.rails.iter().cloned().collect()))
             .collect(),
+        rail_index: rail_indices(nic_rails.values().flat_map(|n| &n.rails)),
         gpus: Vec::new(),
     };
     if nic_rails.is_empty() {
@@ -249,6 +267,37 @@ pub fn build(
     let gpus = gpu_paths(record, &nic_rails, inputs)?;
     out.gpus = select::select(&nic_rails, &gpus)?;
     Ok(out)
+}
+
+/// The largest rail index given: NCCL reads the field with `atoi` into a C `int`.
+pub const MAX_RAIL_INDEX: u32 = i32::MAX as u32;
+
+/// Each rail's integer index: the decimal number that ends its rail ID
+/// (`rail0` → 0, `rail12` → 12, `r07` → 7). The ID comes from the port's
+/// name through the cluster's one `--rail-id` template, so the same rail
+/// gets the same index on every node, even a node where another rail is
+/// missing (a position among the node's own rails would shift there). Every
+/// rail gets one or none does: none when an ID does not end in digits, when
+/// the number is over [`MAX_RAIL_INDEX`], or when two IDs end in the same
+/// number (`rail1`, `rail01`), since NCCL would then take two rails for one.
+pub fn rail_indices<'a>(rails: impl IntoIterator<Item = &'a String>) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    let mut taken = BTreeSet::new();
+    for rail in rails {
+        if out.contains_key(rail) {
+            continue;
+        }
+        let digits = rail.len() - rail.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let index = rail[rail.len() - digits..]
+            .parse::<u32>()
+            .ok()
+            .filter(|i| *i <= MAX_RAIL_INDEX);
+        match index {
+            Some(i) if taken.insert(i) => out.insert(rail.clone(), i),
+            _ => return BTreeMap::new(),
+        };
+    }
+    out
 }
 
 /// NIC PCI address → its rails, NUMA node and link, for every interface
@@ -641,6 +690,67 @@ mod tests {
         });
         let r = build(&record(), &inputs, &options(PortSource::HostLldp, "^ib")).unwrap();
         assert!(r.nics.is_empty() && r.gpus.is_empty());
+    }
+
+    #[test]
+    fn a_node_missing_a_rail_does_not_shift_the_other_rails_indices() {
+        // Node B lost rail1 (no LLDP neighbour on that cable): its rail2
+        // must keep the index node A gives rail2, not take position 1.
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = rail_indices(&ids(&["rail0", "rail1", "rail2", "rail10"]));
+        let b = rail_indices(&ids(&["rail2", "rail0", "rail2"]));
+        assert_eq!(a["rail2"], 2);
+        assert_eq!(a["rail10"], 10);
+        assert_eq!(
+            b,
+            BTreeMap::from([("rail0".into(), 0), ("rail2".into(), 2)])
+        );
+        assert_eq!(rail_indices(&ids(&["r07"]))["r07"], 7);
+    }
+
+    #[test]
+    fn rail_ids_that_give_no_distinct_number_give_no_index_at_all() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // One rail without a number, two rails with one number, a number
+        // past a C int: none is told rather than a partial or wrong one.
+        for rails in [
+            &["rail0", "spine"][..],
+            &["rail1", "rail01"],
+            &["rail0", "rail2147483648"],
+            &["rail0", "rail99999999999999999999"],
+        ] {
+            assert!(rail_indices(&ids(rails)).is_empty(), "{rails:?}");
+        }
+        assert_eq!(
+            rail_indices(&ids(&["rail2147483647"]))["rail2147483647"],
+            MAX_RAIL_INDEX
+        );
+    }
+
+    #[test]
+    fn a_record_written_before_rail_indices_reads_and_keeps_its_bytes() {
+        // What a publisher of the previous release wrote: no railIndex.
+        let old = json!({
+            "gpus": [], "nics": {"0000:13:00.0": ["rail0"]}, "nodeUID": "",
+            "railSource": "host-lldp", "version": RAIL_RECORD_FORMAT
+        });
+        let bytes = format!("{}\n", serde_json::to_string_pretty(&old).unwrap());
+        let r: RailRecord = serde_json::from_str(&bytes).unwrap();
+        assert!(r.rail_index.is_empty());
+        assert_eq!(String::from_utf8(to_bytes(&r)).unwrap(), bytes);
+        // A built record carries the index beside its rails.
+        let built = build(
+            &record(),
+            &lldp_inputs(),
+            &options(PortSource::HostLldp, RAILS),
+        )
+        .unwrap();
+        assert_eq!(
+            built.rail_index,
+            BTreeMap::from([("rail0".into(), 0), ("rail1".into(), 1)])
+        );
+        let value = serde_json::to_value(&built).unwrap();
+        assert_eq!(value["railIndex"], json!({"rail0": 0, "rail1": 1}));
     }
 
     #[test]
