@@ -923,9 +923,16 @@ fn a_capture_cut_at_an_entry_boundary_replays_silently_as_another_node() {
     }
 }
 
+/// A temp folder in memory where the machine has one (sysfs is in memory
+/// too): a 10,000-interface tree and its replay written to and removed from
+/// a busy disk took most of the test command's time.
+fn in_memory_tempdir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
+}
+
 #[test]
 fn the_tools_own_capture_of_a_10k_interface_node_exceeds_its_default_replay_cap() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = in_memory_tempdir();
     let root = tmp.path().join("sys");
     drop(fixtures::large(&root, 10_000));
     let archive = tmp.path().join("node.tar.gz");
