@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The port an entry names when the spec gives no readable port: an mlx5
@@ -84,8 +85,51 @@ pub fn value(entries: &[String]) -> String {
     format!("={}", joined.join(","))
 }
 
+/// Why one API read for the union gave no object.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The object is not there (deleted, or not created yet).
+    #[error("not found")]
+    NotFound,
+    /// The API server gave no answer within the bound.
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    /// The API server refused or the connection failed (shared: one read's
+    /// error may be named by several containers).
+    #[error(transparent)]
+    Api(Arc<crate::cluster::ClusterError>),
+}
+
+/// Why a claim's allocation cannot be read as this driver's devices.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AllocationError {
+    /// The claim has no allocation (yet).
+    #[error("not allocated")]
+    NotAllocated,
+    /// A device of its results is not in the pool published now.
+    #[error("device {0} is no longer published")]
+    Unpublished(String),
+}
+
+/// Why another claim a container holds gave no NICs.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HeldClaimError {
+    /// The pod's status does not name the claim's object yet.
+    #[error("not in the pod's status.resourceClaimStatuses yet")]
+    NotNamedYet,
+    /// It was not among the claims read (a pod changed between reads).
+    #[error("not read")]
+    NotRead,
+    /// Reading it failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// Its allocation is not readable as this driver's devices.
+    #[error(transparent)]
+    Allocation(#[from] AllocationError),
+}
+
 /// Why the union of a claim's containers' NICs is not known.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Inexact {
     /// No pod holds the claim reserved yet.
     #[error("no pod is in its status.reservedFor")]
@@ -98,7 +142,7 @@ pub enum Inexact {
         /// Its name.
         name: String,
         /// Why.
-        cause: String,
+        cause: ReadError,
     },
     /// A claim a container also holds could not be read or resolved.
     #[error("claim {name} of pod {pod}, container {container}: {cause}")]
@@ -110,13 +154,13 @@ pub enum Inexact {
         /// The claim's name (the object's, or the pod's name for it).
         name: String,
         /// Why.
-        cause: String,
+        cause: HeldClaimError,
     },
     /// The claim's own allocation cannot be read as this driver's devices.
     #[error("its allocation: {cause}")]
     Allocation {
         /// Why.
-        cause: String,
+        cause: AllocationError,
     },
     /// Containers given this claim were given different other NICs: one
     /// value cannot be right for all of them.
@@ -153,14 +197,14 @@ impl Place<'_> {
         &self,
         claim: &ResourceClaim,
         request: Option<&str>,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, AllocationError> {
         let results = claim
             .status
             .as_ref()
             .and_then(|s| s.allocation.as_ref())
             .and_then(|a| a.devices.as_ref())
             .and_then(|d| d.results.as_ref())
-            .ok_or_else(|| "not allocated".to_string())?;
+            .ok_or(AllocationError::NotAllocated)?;
         let mut out = Vec::new();
         for r in results {
             if r.driver != self.driver || r.pool != self.pool_name {
@@ -178,7 +222,7 @@ impl Place<'_> {
             let device = self
                 .pool
                 .device(&r.device)
-                .ok_or_else(|| format!("device {} is no longer published", r.device))?;
+                .ok_or_else(|| AllocationError::Unpublished(r.device.clone()))?;
             out.push(entry(device));
         }
         Ok(out)
@@ -271,7 +315,7 @@ pub fn union(
     place: Place<'_>,
     claim: &ResourceClaim,
     pods: &[Pod],
-    read: &BTreeMap<String, Result<ResourceClaim, String>>,
+    read: &BTreeMap<String, Result<ResourceClaim, ReadError>>,
 ) -> Result<Vec<String>, Inexact> {
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let mut agreed: Option<(String, Vec<String>)> = None;
@@ -285,7 +329,7 @@ pub fn union(
             if !claims.iter().any(|h| h.object.as_deref() == Some(name)) {
                 continue;
             }
-            let unreadable = |name: &str, cause: String| Inexact::ClaimUnreadable {
+            let unreadable = |name: &str, cause: HeldClaimError| Inexact::ClaimUnreadable {
                 pod: pod_name.clone(),
                 container: container.name.clone(),
                 name: name.to_string(),
@@ -299,24 +343,21 @@ pub fn union(
             } in &claims
             {
                 let Some(object) = object else {
-                    return Err(unreadable(
-                        pod_claim,
-                        "not in the pod's status.resourceClaimStatuses yet".into(),
-                    ));
+                    return Err(unreadable(pod_claim, HeldClaimError::NotNamedYet));
                 };
                 let held = if object == name {
                     claim
                 } else {
                     match read.get(object) {
                         Some(Ok(c)) => c,
-                        Some(Err(cause)) => return Err(unreadable(object, cause.clone())),
-                        None => return Err(unreadable(object, "not read".into())),
+                        Some(Err(cause)) => return Err(unreadable(object, cause.clone().into())),
+                        None => return Err(unreadable(object, HeldClaimError::NotRead)),
                     }
                 };
                 entries.extend(
                     place
                         .entries(held, request.as_deref())
-                        .map_err(|cause| unreadable(object, cause))?,
+                        .map_err(|cause| unreadable(object, cause.into()))?,
                 );
             }
             let here = format!("{pod_name}/{}", container.name);
@@ -383,7 +424,7 @@ pub async fn read_union(
                 return Err(Inexact::PodUnreadable {
                     namespace,
                     name,
-                    cause: "not found".into(),
+                    cause: ReadError::NotFound,
                 })
             }
             Err(cause) => {
@@ -402,7 +443,7 @@ pub async fn read_union(
         let what = format!("reading ResourceClaim {namespace}/{other}");
         let got = match bounded(&what, claims_api.get_opt(&other), until, api_timeout).await {
             Ok(Some(c)) => Ok(c),
-            Ok(None) => Err("not found".to_string()),
+            Ok(None) => Err(ReadError::NotFound),
             Err(cause) => Err(cause),
         };
         read.insert(other, got);
@@ -410,18 +451,19 @@ pub async fn read_union(
     union(place, claim, &pods, &read)
 }
 
-/// One API read within `api_timeout` and what is left until `until`; the
-/// error in words.
+/// One API read within `api_timeout` and what is left until `until`.
 async fn bounded<T>(
     what: &str,
     read: impl std::future::Future<Output = Result<T, kube::Error>>,
     until: Instant,
     api_timeout: Duration,
-) -> Result<T, String> {
+) -> Result<T, ReadError> {
     let left = until.saturating_duration_since(Instant::now());
     match tokio::time::timeout(left.min(api_timeout), read).await {
-        Err(_) => Err(format!("no answer within {:?}", left.min(api_timeout))),
-        Ok(Err(e)) => Err(crate::cluster::ClusterError::api(what, e).to_string()),
+        Err(_) => Err(ReadError::TimedOut(left.min(api_timeout))),
+        Ok(Err(e)) => Err(ReadError::Api(Arc::new(crate::cluster::ClusterError::api(
+            what, e,
+        )))),
         Ok(Ok(v)) => Ok(v),
     }
 }
@@ -573,11 +615,15 @@ mod tests {
         let pool = pool();
         let a = claim("a", &[("nic", "nic-0")]);
         let p = pod(&[("train", &["a", "b"])], &[("a", "a"), ("b", "b")]);
-        let read = BTreeMap::from([("b".to_string(), Err("forbidden".to_string()))]);
+        let read = BTreeMap::from([(
+            "b".to_string(),
+            Err(ReadError::TimedOut(Duration::from_secs(3))),
+        )]);
         let e = union(place(&pool), &a, std::slice::from_ref(&p), &read).unwrap_err();
         assert!(matches!(e, Inexact::ClaimUnreadable { .. }), "{e}");
         assert!(
-            e.to_string().contains("forbidden") && e.to_string().contains("train"),
+            e.to_string().contains("claim b of pod ")
+                && e.to_string().contains("train: no answer within 3s"),
             "{e}"
         );
 
