@@ -63,6 +63,17 @@ fn latency() -> Histogram {
 }
 
 /// Every metric and the readiness facts, shared by the loop, the gRPC
+/// Why `/livez` fails: the plugin must be restarted to recover.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unhealthy {
+    /// The CDI folder was deleted on the host under the mount, with why.
+    #[error("{0}")]
+    Stale(String),
+    /// A look at the CDI folder has not returned for this long.
+    #[error("reading the CDI specs has not returned for {}s", .0.as_secs())]
+    LookStalled(std::time::Duration),
+}
+
 /// services and the HTTP server.
 pub struct Observed {
     registry: Registry,
@@ -296,16 +307,13 @@ impl Observed {
     /// `Ok` when the plugin is alive: this runs on the runtime (so it is not
     /// stalled), no look at the CDI folder has hung, and the folder is not
     /// one deleted under the mount.
-    pub fn healthy(&self) -> Result<(), String> {
+    pub fn healthy(&self) -> Result<(), Unhealthy> {
         let state = self.lock();
         if let Some(why) = &state.stale {
-            return Err(why.clone());
+            return Err(Unhealthy::Stale(why.clone()));
         }
         match state.loading_since {
-            Some(t) if t.elapsed() > STALL_LIMIT => Err(format!(
-                "reading the CDI specs has not returned for {}s",
-                t.elapsed().as_secs()
-            )),
+            Some(t) if t.elapsed() > STALL_LIMIT => Err(Unhealthy::LookStalled(t.elapsed())),
             _ => Ok(()),
         }
     }
@@ -334,8 +342,8 @@ impl Observed {
 }
 
 impl Probes for Observed {
-    type Unhealthy = String;
-    fn healthy(&self) -> Result<(), String> {
+    type Unhealthy = Unhealthy;
+    fn healthy(&self) -> Result<(), Unhealthy> {
         Observed::healthy(self)
     }
 
@@ -393,7 +401,11 @@ mod tests {
         o.loading(true);
         assert!(o.healthy().is_ok(), "a look just begun is not a stall");
         o.lock().loading_since = Some(Instant::now() - STALL_LIMIT - Duration::from_secs(1));
-        assert!(o.healthy().unwrap_err().contains("has not returned"));
+        assert!(o
+            .healthy()
+            .unwrap_err()
+            .to_string()
+            .contains("has not returned"));
         o.loading(false);
         assert!(o.healthy().is_ok());
     }
