@@ -9,7 +9,7 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 fn parse_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
@@ -91,11 +91,16 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs, interval: Duration) ->
     // none completing in three intervals plus three such waits is a stuck
     // process, which liveness reports so the kubelet restarts it.
     health.expect_passes_within(3 * (interval + args.rails.cluster.api_timeout + cli.tool_timeout));
+    let mut n = 0u64;
     loop {
+        n += 1;
         // A failed pass keeps everything previously published; the sidecar
         // carries on, unready, and tries again next interval.
         let result = publish_once(cli, args);
         health.pass_completed();
+        // Counted, so that a measurement (benches/features.rs --publish)
+        // can read the peak RSS after exactly N passes.
+        debug!("publish pass {n} finished");
         health.set_ready(result.is_ok());
         if let Err(e) = result {
             error!("publish pass failed, previous output kept: {e:#}");
