@@ -586,6 +586,13 @@ impl SysRoot {
     }
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
+    /// Drops every resolution this tree remembers and their table, so that
+    /// a caller done with the walk does not hold them through what follows.
+    pub fn forget_resolutions(&self) {
+        let mut cache = self.folders.lock().expect("folder cache lock");
+        *cache = HashMap::with_hasher(BuildPathHash);
+    }
+
     fn remember(&self, rel: &str, canonical: &str) {
         // A canonical path maps to itself, stored as "" (the root is never
         // a key): one string per entry, not two.
