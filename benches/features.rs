@@ -400,6 +400,12 @@ fn publish_memory() {
     child.wait().unwrap();
     assert!(failed.is_empty(), "publisher passes failed: {failed:?}");
     assert_eq!(peaks.len(), PUBLISH_PASSES, "the publisher stopped early");
+    // Other builds share this machine's cores: the load is stated, though
+    // RSS depends only on what the process holds.
+    let load = fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
     let size = |rel: &str| fs::metadata(out(rel)).unwrap().len();
     let (record, spec) = (
         size("state/record.json"),
@@ -454,8 +460,8 @@ fn publish_memory() {
          on the generated tree `fixtures::large({PUBLISH_ENDPOINTS})` (8 PFs, {} VFs, on /dev/shm) for {PUBLISH_PASSES} passes: \
          the first into empty folders, each later one over what the one before wrote (reading and parsing its record). \
          Peak RSS is the process's VmHWM (/proc/PID/status, fresh at exec, so none of the bench's memory), read as each pass ends \
-         (the publisher logs `publish pass N finished` at debug level). RSS does not depend on the machine's load, only on what \
-         the process holds. Memory limit: {deploy:.0}Mi in `deploy/nodefabric.yaml`, {chart:.0}Mi in the chart's \
+         (the publisher logs `publish pass N finished` at debug level). Load average during the run: {load}, on 2 cores shared with \
+         other builds; RSS does not depend on the load, only on what the process holds. Memory limit: {deploy:.0}Mi in `deploy/nodefabric.yaml`, {chart:.0}Mi in the chart's \
          `publisher.resources`; the bench's bound is {:.0}% of the lower, {budget:.1} MiB.\n\n\
          | VmHWM | MiB | share of the {limit:.0}Mi limit |\n|---|---|---|\n{rows}\n\
          Result: {verdict}. State record (`record.json`): {:.1} MiB ({record} bytes); partitioned CDI spec: {:.1} MiB ({spec} bytes). \
