@@ -61,11 +61,15 @@ pub fn run_on(
     now: SystemTime,
     fabric: Option<&fabric::Sources>,
 ) -> Result<Pass, DiscoverError> {
-    let previous = publish::load_previous(state_dir);
+    let previous = publish::Previous::at(state_dir);
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let mut record = discover::discover(root, previous.as_ref(), &stamp)?;
+    let mut record = discover::discover(root, &previous, &stamp)?;
+    // The walk is done: its resolutions (~31 MB at 10,000 endpoints) are
+    // not held beside the previous record the fabric may need, nor beside
+    // the outputs a publish makes; a later read of the tree re-resolves.
+    root.forget_resolutions();
     if let Some(sources) = fabric {
-        fabric::apply(root, &mut record, sources, previous.as_ref());
+        fabric::apply(root, &mut record, sources, &previous);
     }
     let mut labels = labels::rdma_labels(&record);
     let fabric_labels = labels::fabric_labels(&record);

@@ -82,9 +82,20 @@ pub const FILE_MODE: u32 = 0o644;
 
 /// Replaces `dir/name` with `bytes` atomically, as a [`FILE_MODE`] file.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    write_atomic_with(dir, name, |w| w.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `write` produces, through a buffer into the
+/// temp file: a large output (the record, 11 MiB at 10,000 endpoints) is
+/// never held whole in memory.
+pub fn write_atomic_with(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let target = dir.join(name);
-    let mut tmp = tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .tempfile_in(dir)
         .map_err(io("creating a temp file in", dir))?;
@@ -92,7 +103,11 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     // the published name never points at a file its readers cannot open.
     tmp.as_file()
         .set_permissions(fs::Permissions::from_mode(FILE_MODE))
-        .and_then(|_| tmp.write_all(bytes))
+        .and_then(|_| {
+            let mut buffered = std::io::BufWriter::with_capacity(64 * 1024, tmp.as_file());
+            write(&mut buffered)?;
+            buffered.flush()
+        })
         .and_then(|_| tmp.as_file().sync_all())
         .map_err(io("writing", &target))?;
     tmp.persist(&target)
@@ -240,6 +255,54 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
     }
 }
 
+/// The previous record, parsed only when a pass first asks for it: only
+/// facts that could not be read, failed links' `firstSeen` and unreadable
+/// fabric answers need it, and at 10,000 endpoints it is ~17 MB in memory,
+/// which a pass holding the tree's resolutions and the new record beside it
+/// would otherwise carry over the 64Mi limit (docs/benchmarks.md).
+#[derive(Debug)]
+pub struct Previous {
+    /// Where it is read from; `None` for one given whole (or none at all).
+    state_dir: Option<PathBuf>,
+    /// The parsed record (or its absence), once asked for.
+    record: std::cell::OnceCell<Option<NodeRecord>>,
+}
+
+impl Previous {
+    /// The record in `state_dir`, read at first use. A file that is no
+    /// regular file or is over [`MAX_RECORD`] is refused (with its warning)
+    /// at once, so that every pass says so, needed or not.
+    pub fn at(state_dir: Option<&Path>) -> Previous {
+        let previous = Previous {
+            state_dir: state_dir.map(Path::to_path_buf),
+            record: std::cell::OnceCell::new(),
+        };
+        let refused = state_dir
+            .and_then(|d| fs::metadata(d.join(STATE_FILE)).ok())
+            .is_some_and(|m| !m.is_file() || m.len() > MAX_RECORD);
+        if refused {
+            previous.get();
+        }
+        previous
+    }
+
+    /// A record already at hand (or none), for callers that hold one.
+    pub fn given(record: Option<NodeRecord>) -> Previous {
+        Previous {
+            state_dir: None,
+            record: std::cell::OnceCell::from(record),
+        }
+    }
+
+    /// The record, read and parsed on the first call; `None` when there is
+    /// none or it cannot be used (logged once, by [`load_previous`]).
+    pub fn get(&self) -> Option<&NodeRecord> {
+        self.record
+            .get_or_init(|| load_previous(self.state_dir.as_deref()))
+            .as_ref()
+    }
+}
+
 /// Writes bytes only when they differ from what the file holds; returns
 /// whether it wrote.
 pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
@@ -256,6 +319,81 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
     }
     write_atomic(dir, name, bytes)?;
     Ok(true)
+}
+
+/// Writes what `write` produces into `dir/name` only when it differs from
+/// what the file holds, returning whether it wrote; neither is held whole:
+/// the output is compared with the file as it is produced, and produced
+/// again into the temp file only on a difference. `write` must produce the
+/// same bytes each time.
+pub fn write_streamed_if_changed(
+    dir: &Path,
+    name: &str,
+    write: impl Fn(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<bool> {
+    let target = dir.join(name);
+    // What cannot be read as a file (a FIFO, a folder) is simply replaced,
+    // unread, as write_if_changed does.
+    if let Some(mut same) = SameAs::open(&target) {
+        if write(&mut same).is_ok() && same.matched_to_end() {
+            return Ok(false);
+        }
+    }
+    write_atomic_with(dir, name, write)?;
+    Ok(true)
+}
+
+/// A writer that compares what is written to it with a file's bytes, in
+/// order, reading the file a buffer at a time.
+struct SameAs {
+    /// The file, read as the output arrives.
+    file: std::io::BufReader<fs::File>,
+    /// True while every byte so far matched.
+    same: bool,
+    /// A buffer for the file's side of each comparison.
+    chunk: Vec<u8>,
+}
+
+impl SameAs {
+    /// The regular file at `path`, opened without blocking on a FIFO;
+    /// `None` when it is missing, not a regular file, or unreadable.
+    fn open(path: &Path) -> Option<SameAs> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if !fs::metadata(path).ok()?.is_file() {
+            return None;
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .ok()?;
+        file.metadata().ok()?.is_file().then(|| SameAs {
+            file: std::io::BufReader::with_capacity(64 * 1024, file),
+            same: true,
+            chunk: Vec::new(),
+        })
+    }
+
+    /// True when everything written matched and the file has nothing more.
+    fn matched_to_end(&mut self) -> bool {
+        use std::io::BufRead;
+        self.same && self.file.fill_buf().is_ok_and(|rest| rest.is_empty())
+    }
+}
+
+impl Write for SameAs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::io::Read;
+        if self.same {
+            self.chunk.resize(buf.len(), 0);
+            self.same = self.file.read_exact(&mut self.chunk).is_ok() && self.chunk == buf;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The CDI specs of one record, made before anything is written.
@@ -320,4 +458,71 @@ pub fn write_cdi(dir: &Path, specs: &CdiFiles) -> Vec<PublishError> {
         }
     }
     failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A producer that writes `text` in pieces of `piece` bytes, as a
+    /// serializer does, so comparisons cross the reader's buffer edges.
+    fn pieces(text: &[u8], piece: usize) -> impl Fn(&mut dyn Write) -> std::io::Result<()> + '_ {
+        move |w| text.chunks(piece).try_for_each(|c| w.write_all(c))
+    }
+
+    #[test]
+    fn the_same_bytes_streamed_leave_the_file_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        // Past the 64 KiB read buffer, so the comparison reads it in parts.
+        let text: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        assert!(write_streamed_if_changed(dir.path(), "f", pieces(&text, 7)).unwrap());
+        let before = fs::metadata(dir.path().join("f")).unwrap();
+        assert!(!write_streamed_if_changed(dir.path(), "f", pieces(&text, 4093)).unwrap());
+        let after = fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!(before.ino(), after.ino(), "the file was replaced");
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), text);
+    }
+
+    #[test]
+    fn any_difference_streamed_replaces_the_file_with_the_new_bytes() {
+        let text: Vec<u8> = (0..100_000u32).map(|i| (i % 13) as u8 + b'a').collect();
+        let mut changed = text.clone();
+        changed[70_000] = b'!';
+        let cases: [(&str, &[u8]); 4] = [
+            ("one byte changed", &changed),
+            ("shorter: a prefix of the file", &text[..99_999]),
+            (
+                "longer: the file is a prefix of it",
+                &[&text[..], b"x"].concat(),
+            ),
+            ("empty", b""),
+        ];
+        for (what, new) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join("f"), &text).unwrap();
+            assert!(
+                write_streamed_if_changed(dir.path(), "f", pieces(new, 1000)).unwrap(),
+                "{what}: not written"
+            );
+            assert_eq!(fs::read(dir.path().join("f")).unwrap(), new, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_folder_in_the_files_place_is_not_read_as_the_old_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("f")).unwrap();
+        let err = write_streamed_if_changed(dir.path(), "f", pieces(b"x", 1)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PublishError::Io {
+                    step: "renaming into",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 fn parse_interval(s: &str) -> Result<Duration, DurationError> {
     duration_in(s, Duration::from_secs(1), Duration::from_secs(24 * 3600))
@@ -91,11 +91,17 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs, interval: Duration) ->
     // none completing in three intervals plus three such waits is a stuck
     // process, which liveness reports so the kubelet restarts it.
     health.expect_passes_within(3 * (interval + args.rails.cluster.api_timeout + cli.tool_timeout));
+    keep_large_blocks_mapped();
+    let mut n = 0u64;
     loop {
+        n += 1;
         // A failed pass keeps everything previously published; the sidecar
         // carries on, unready, and tries again next interval.
         let result = publish_once(cli, args);
         health.pass_completed();
+        // Counted, so that a measurement (benches/features.rs --publish)
+        // can read the peak RSS after exactly N passes.
+        debug!("publish pass {n} finished");
         health.set_ready(result.is_ok());
         if let Err(e) = result {
             error!("publish pass failed, previous output kept: {e:#}");
@@ -103,7 +109,24 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs, interval: Duration) ->
         // A folder deleted under this container's mount takes nothing until
         // a restart mounts the new one: liveness fails so the kubelet does it.
         health.set_broken(publish::stale_folder(&output_folders(args).0));
+        // The pass's structures are dropped: their pages go back to the OS
+        // rather than wait, fragmented, under the next pass's.
+        crate::kubelet::release_freed_memory();
         std::thread::sleep(interval);
+    }
+}
+
+/// Has glibc serve every block of 128 KiB or more (a pass's tables, lists
+/// and file buffers) from its own mapping, returned to the OS when freed.
+/// By default the threshold rises to the largest block freed so far, so
+/// from the second pass on such blocks came from the heap, where the
+/// record's small allocations pinned them: the process grew pass after
+/// pass (70 MiB by the fifth at 10,000 endpoints, docs/benchmarks.md).
+fn keep_large_blocks_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes no pointers and only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
@@ -167,10 +190,15 @@ pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
     // generated, so firstSeen stays stable; that failure is still reported
     // through the exit status, and the labels follow the pass.
     let cdi = publish::prepare_cdi(&args.cdi_dir, &pass.record);
-    let mut json = serde_json::to_string_pretty(&pass.record)?;
-    json.push('\n');
     let mut failed = publish::write_cdi(&args.cdi_dir, &cdi);
-    if let Err(e) = publish::write_if_changed(state_dir, publish::STATE_FILE, json.as_bytes()) {
+    // Streamed: compared with the file and written without the record's
+    // JSON (11 MiB at 10,000 endpoints) or the old file held whole.
+    let record_json = |w: &mut dyn std::io::Write| -> std::io::Result<()> {
+        serde_json::to_writer_pretty(&mut *w, &pass.record)?;
+        w.write_all(b"\n")
+    };
+    if let Err(e) = publish::write_streamed_if_changed(state_dir, publish::STATE_FILE, record_json)
+    {
         failed.push(e);
     }
     let written = if failed.is_empty() {

@@ -2,7 +2,8 @@
 
 use super::net::VfParents;
 use super::{device_topology, numa_answer};
-use crate::record::{Accelerator, AcceleratorGroup, Fact, NodeRecord, UnreadableFact, Vendor};
+use crate::publish::Previous;
+use crate::record::{Accelerator, AcceleratorGroup, Fact, UnreadableFact, Vendor};
 use crate::sysfs::{basename, join, parse_hex, BuildPathHash, SysError, SysRoot};
 use std::collections::{BTreeMap, HashMap};
 use tracing::{debug, warn};
@@ -26,11 +27,14 @@ fn is_accelerator_class(class: u32) -> bool {
 /// read (on a NIC node with SR-IOV, most PCI functions are such VFs).
 pub fn accelerators(
     root: &SysRoot,
-    previous: Option<&NodeRecord>,
+    previous: &Previous,
     vf_parents: &VfParents,
 ) -> Result<Vec<AcceleratorGroup>, SysError> {
     let kept = |addr: &str, why: String| {
-        let prev = previous?.accelerators().find(|a| a.pci_bus_id == addr)?;
+        let prev = previous
+            .get()?
+            .accelerators()
+            .find(|a| a.pci_bus_id == addr)?;
         let mut acc = prev.clone();
         acc.unreadable = vec![UnreadableFact {
             fact: Fact::Accelerator,
@@ -105,8 +109,9 @@ pub fn accelerators(
         let (numa, unreadable) = match numa_answer(root, &dev) {
             Ok(n) => (n, vec![]),
             Err(why) => {
-                let prev =
-                    previous.and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci_bus_id));
+                let prev = previous
+                    .get()
+                    .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == pci_bus_id));
                 (
                     prev.and_then(|a| a.numa),
                     vec![UnreadableFact {

@@ -7,6 +7,7 @@
 //! and marks it kept. With no previous value the fact stays unknown, which
 //! every consumer already reads as `Unverified`, never as absence.
 
+use crate::publish::Previous;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
 use crate::sysfs::{SysError, SysRoot};
 
@@ -132,8 +133,13 @@ fn copy_fact(ep: &mut Interface, prev: &Interface, fact: &UnreadableFact) -> boo
 
 /// Fills every unreadable fact of the record from `previous`, marking each
 /// one kept; facts with nothing to keep stay unknown and unmarked.
-pub fn keep_previous(record: &mut NodeRecord, previous: Option<&NodeRecord>) {
-    let Some(previous) = previous else { return };
+pub fn keep_previous(record: &mut NodeRecord, previous: &Previous) {
+    let mut unreadable = false;
+    record.for_each_endpoint_mut(|ep| unreadable |= !ep.unreadable.is_empty());
+    // Read only when a fact needs it: most passes read every fact.
+    let Some(previous) = unreadable.then(|| previous.get()).flatten() else {
+        return;
+    };
     record.for_each_endpoint_mut(|ep| {
         if ep.unreadable.is_empty() {
             return;

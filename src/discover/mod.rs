@@ -9,6 +9,7 @@ pub mod rail_inputs;
 pub mod rdma;
 
 use crate::pci;
+use crate::publish::Previous;
 use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, NODE_RECORD_VERSION};
 use crate::sysfs::{join, SysError, SysRoot};
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ impl From<SysError> for DiscoverError {
 /// RFC 3339 time stamped on failures first seen in this pass.
 pub fn discover(
     root: &SysRoot,
-    previous: Option<&NodeRecord>,
+    previous: &Previous,
     now: &str,
 ) -> Result<NodeRecord, DiscoverError> {
     let net::Scan {
@@ -111,9 +112,19 @@ pub(crate) fn device_topology(device: &str) -> Option<Topology> {
 /// Gives every `Failed` verdict a `firstSeen`: the previous record's when the
 /// same endpoint was already failing, else `now`. Keyed by RDMA device and PCI
 /// address, so an unchanged failure stamps the same time on every pass.
-fn stamp_first_seen(record: &mut NodeRecord, previous: Option<&NodeRecord>, now: &str) {
+fn stamp_first_seen(record: &mut NodeRecord, previous: &Previous, now: &str) {
+    let mut failing = false;
+    record.for_each_endpoint_mut(|iface| {
+        failing |= iface
+            .link
+            .as_ref()
+            .is_some_and(|l| l.state == LinkState::Failed);
+    });
+    if !failing {
+        return;
+    }
     let mut seen: HashMap<(Option<String>, Option<String>), String> = HashMap::new();
-    if let Some(prev) = previous {
+    if let Some(prev) = previous.get() {
         for (ep, _) in prev.endpoints() {
             if let Some(link) = &ep.link {
                 if let (LinkState::Failed, Some(t)) = (link.state, &link.first_seen) {

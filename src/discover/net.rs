@@ -69,7 +69,14 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
                 .or_insert((name.as_str(), netdir.as_str()));
         }
     }
-    let mut out = Vec::with_capacity(located.len());
+    // Room for the entries kept here, not for the VFs' netdevs, which are
+    // nested under their PF: at 10,000 VFs that was 5.7 MB of empty slots
+    // held for the whole pass.
+    let kept = located
+        .iter()
+        .filter(|(_, at)| !matches!(at, Ok(Located { is_vf: true, .. })))
+        .count();
+    let mut out = Vec::with_capacity(kept);
     let mut walk = Walk {
         root,
         vf_netdevs,

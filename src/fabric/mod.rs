@@ -12,6 +12,7 @@ pub mod ascend;
 pub mod nvidia;
 pub mod nvml;
 
+use crate::publish::Previous;
 use crate::record::{Fabric, NodeRecord, Vendor};
 use crate::sysfs::SysRoot;
 use answers::Unreadable;
@@ -168,12 +169,7 @@ pub const MAX_NOTE: usize = 512;
 /// Fills `topology.fabric` (or a note saying why not) on every accelerator.
 /// A manufacturer whose answer cannot be read keeps the previous record's
 /// fabric for its accelerators, so no label is withdrawn on a failed read.
-pub fn apply(
-    root: &SysRoot,
-    record: &mut NodeRecord,
-    sources: &Sources,
-    previous: Option<&NodeRecord>,
-) {
+pub fn apply(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: &Previous) {
     fill(root, record, sources, previous);
     for group in &mut record.spec.groups {
         for acc in &mut group.accelerators {
@@ -187,7 +183,7 @@ pub fn apply(
 }
 
 /// [`apply`] before the notes are capped.
-fn fill(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: Option<&NodeRecord>) {
+fn fill(root: &SysRoot, record: &mut NodeRecord, sources: &Sources, previous: &Previous) {
     for group in &mut record.spec.groups {
         match group.manufacturer {
             Vendor::Nvidia => {
@@ -284,9 +280,15 @@ fn keep_previous(
     accs: &mut [crate::record::Accelerator],
     maker: &str,
     e: &Unreadable,
-    previous: Option<&NodeRecord>,
+    previous: &Previous,
 ) {
     let mut kept = 0;
+    // Read only when there is an accelerator to keep an answer for.
+    let previous = if accs.is_empty() {
+        None
+    } else {
+        previous.get()
+    };
     for acc in accs.iter_mut() {
         acc.topology.fabric = previous
             .and_then(|p| p.accelerators().find(|a| a.pci_bus_id == acc.pci_bus_id))

@@ -337,6 +337,13 @@ impl SysRoot {
         out
     }
 
+    /// Drops every resolution this tree remembers and their table, so that
+    /// a caller done with the walk does not hold them through what follows.
+    pub fn forget_resolutions(&self) {
+        let mut cache = self.folders.lock().expect("folder cache lock");
+        *cache = std::collections::HashMap::with_hasher(BuildPathHash);
+    }
+
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
     fn remember(&self, rel: &str, canonical: &str) {
         // A canonical path maps to itself, stored as "" (the root is never
