@@ -222,6 +222,79 @@ pub fn stale_folder(dirs: &[(&str, &Path)]) -> Option<String> {
 /// ignored with a warning: its facts are unknown for one pass.
 pub const MAX_RECORD: u64 = 32 << 20;
 
+/// What a pass holds per network interface at its peak (3.75 KiB), beyond
+/// [`PASS_BASE_MIB`]: the line through the peaks measured in
+/// docs/benchmarks.md (54.4 MiB at 10,000 endpoints, 65.4 MiB at 13,000).
+pub const PASS_BYTES_PER_INTERFACE: u64 = 3_840;
+
+/// Where that line starts: the process and what a pass holds whatever the
+/// node's size.
+pub const PASS_BASE_MIB: u64 = 18;
+
+/// The share of its memory limit a pass may be expected to peak at: the
+/// rest is the margin for what a real node's tree adds.
+pub const PASS_LIMIT_SHARE: f64 = 0.9;
+
+/// A node too large for the memory this process may use, found before the
+/// pass reads it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{interfaces} network interfaces under {}: a pass would peak at about {need_mib} MiB, over {share:.0}% of the \
+     {limit_mib} MiB memory limit of this container ({}); nothing published. Raise the limit (at 64Mi the largest \
+     supported node has 10,800 network interfaces: docs/deployment.md)",
+    class_net.display(), cgroup_file.display(), share = PASS_LIMIT_SHARE * 100.0
+)]
+pub struct NodeTooLarge {
+    /// The interfaces counted.
+    pub interfaces: u64,
+    /// Where they were counted.
+    pub class_net: PathBuf,
+    /// What a pass over them is expected to need, in MiB.
+    pub need_mib: u64,
+    /// The limit, in MiB.
+    pub limit_mib: u64,
+    /// Where the limit was read.
+    pub cgroup_file: PathBuf,
+}
+
+/// The memory a pass over `interfaces` network interfaces is expected to
+/// peak at, in MiB, and whether that fits `limit_bytes`.
+pub fn pass_fits(interfaces: u64, limit_bytes: u64) -> (u64, bool) {
+    let need =
+        (PASS_BASE_MIB << 20).saturating_add(interfaces.saturating_mul(PASS_BYTES_PER_INTERFACE));
+    let fits = need as f64 <= limit_bytes as f64 * PASS_LIMIT_SHARE;
+    (need.div_ceil(1 << 20), fits)
+}
+
+/// Refuses, before anything is read or allocated for it, a node whose
+/// `class/net` under `sysfs_root` holds more interfaces than a pass can
+/// hold within this container's memory limit (cgroup v2 `memory.max` at
+/// `cgroup_file`). No limit (`max`), no file, or an unreadable folder: no
+/// check, the pass finds any error itself.
+pub fn check_node_size(sysfs_root: &Path, cgroup_file: &Path) -> Result<(), NodeTooLarge> {
+    let Some(limit) = fs::read_to_string(cgroup_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let class_net = sysfs_root.join("class/net");
+    let Ok(entries) = fs::read_dir(&class_net) else {
+        return Ok(());
+    };
+    let interfaces = entries.count() as u64;
+    match pass_fits(interfaces, limit) {
+        (_, true) => Ok(()),
+        (need_mib, false) => Err(NodeTooLarge {
+            interfaces,
+            class_net,
+            need_mib,
+            limit_mib: limit >> 20,
+            cgroup_file: cgroup_file.to_path_buf(),
+        }),
+    }
+}
+
 /// Reads the previous record from the state folder; a missing or unreadable
 /// one is logged and treated as none (it only carries `firstSeen` times).
 pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
@@ -507,6 +580,36 @@ mod tests {
             );
             assert_eq!(fs::read(dir.path().join("f")).unwrap(), new, "{what}");
         }
+    }
+
+    #[test]
+    fn a_node_past_what_the_limit_holds_is_refused_naming_both() {
+        let limit = 64u64 << 20;
+        // The measured node fits; the largest supported one just does.
+        assert!(pass_fits(10_000, limit).1);
+        assert!(pass_fits(10_800, limit).1);
+        assert!(!pass_fits(10_900, limit).1);
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join("sys/class/net");
+        fs::create_dir_all(&net).unwrap();
+        for i in 0..12 {
+            fs::write(net.join(format!("eth{i}")), "").unwrap();
+        }
+        let cgroup = dir.path().join("memory.max");
+        // 12 interfaces need 18 MiB and a little: 90% of 24 MiB holds them, of 16 not.
+        fs::write(&cgroup, format!("{}\n", 24u64 << 20)).unwrap();
+        assert!(check_node_size(&dir.path().join("sys"), &cgroup).is_ok());
+        fs::write(&cgroup, format!("{}\n", 16u64 << 20)).unwrap();
+        let err = check_node_size(&dir.path().join("sys"), &cgroup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("12 network interfaces under ")
+                && err.contains("the 16 MiB memory limit"),
+            "{err}"
+        );
+        fs::write(&cgroup, "max\n").unwrap();
+        assert!(check_node_size(&dir.path().join("sys"), &cgroup).is_ok());
     }
 
     #[test]

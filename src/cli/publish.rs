@@ -146,8 +146,13 @@ fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>
     (folders, rails)
 }
 
+/// This container's memory limit (cgroup v2, as the container sees its own
+/// cgroup): a node too large for it is refused before a pass reads it.
+const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
+
 /// One publish pass: discover, then write each artifact only if it changed.
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
+    publish::check_node_size(&cli.sysfs_root, Path::new(CGROUP_MEMORY_MAX))?;
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
     // One tree for the pass and the rail read after it.
