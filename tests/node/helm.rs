@@ -14,6 +14,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use nodefabric::cli::{Cli, Command as Sub, RecordForm};
+use nodefabric::dra::cli::DraCli;
 use nodefabric::plugin::cli::PluginCli;
 use nodefabric::rails::config::{ConfigError, RailConfig};
 use serde_json::Value;
@@ -114,6 +115,7 @@ fn check_typed(file: &str, docs: &[Value]) {
                 "Role",
                 "RoleBinding",
                 "CustomResourceDefinition",
+                "DeviceClass",
             ],
         );
     }
@@ -132,6 +134,15 @@ fn argv(c: &Container) -> Vec<String> {
     let mut v = c.command.clone().unwrap_or_default();
     v.extend(c.args.clone().unwrap_or_default());
     v
+}
+
+/// The DRA driver's argv, with the downward API's node name filled in as
+/// kubelet would.
+fn dra_argv(c: &Container) -> Vec<String> {
+    argv(c)
+        .into_iter()
+        .map(|a| a.replace("$(NODE_NAME)", "node-a"))
+        .collect()
 }
 
 /// The values file over the chart's defaults, as helm merges them (maps
@@ -275,6 +286,20 @@ fn every_ci_values_file_renders_typed_objects_whose_containers_the_binaries_acce
                         // no pass, so it has nothing to probe.
                         check_hook_installer(&file, c, &volumes);
                     }
+                    "/usr/local/bin/nodefabric-dra" => {
+                        let cli = DraCli::try_parse_from(dra_argv(c))
+                            .unwrap_or_else(|e| panic!("{file}: {:?}: {e}", argv(c)));
+                        for dir in [&cli.cdi.cdi_dir, &cli.state_dir] {
+                            assert!(mounted(c, dir), "{file}: {}", dir.display());
+                        }
+                        let shares = values["dra"]["shares"].as_u64().unwrap();
+                        assert_eq!(
+                            cli.config().shares.count() as u64,
+                            shares,
+                            "{file}: --shares"
+                        );
+                        long_running.insert((name.clone(), probed));
+                    }
                     "/usr/local/bin/nodefabric-device-plugin" => {
                         let cli = PluginCli::try_parse_from(argv(c))
                             .unwrap_or_else(|e| panic!("{file}: {:?}: {e}", argv(c)));
@@ -401,7 +426,11 @@ fn helm_lint_strict_passes_on_the_defaults_and_the_seed_block() {
         return;
     };
     let chart = chart();
-    for values in [vec![], vec![ci("seed-001-values.yaml")]] {
+    for values in [
+        vec![],
+        vec![ci("seed-001-values.yaml")],
+        vec![ci("dra-shares-values.yaml")],
+    ] {
         let refs: Vec<&Path> = values.iter().map(PathBuf::as_path).collect();
         let out = run_helm(&helm, &["lint", "--strict", chart.to_str().unwrap()], &refs);
         let text = String::from_utf8_lossy(&out.stdout);
@@ -501,9 +530,28 @@ type GpuExec<'a> = Option<(&'a str, &'a str)>;
 /// What each part needs, in words of the binaries' calls: the broker reads
 /// its Node and writes its record in the form in use; the observer watches
 /// Nodes and keeps that form clean; gpuSource adds the exec into the GPU
-/// Operator's pod on the node, in that namespace only.
-fn needed(rails: Rails, gpu: GpuExec) -> BTreeSet<Grant> {
+/// Operator's pod on the node, in that namespace only; the DRA driver
+/// writes its node's ResourceSlices and reads the claims it prepares, its
+/// Node and the claims' Pods (cluster-wide: claims live in any namespace).
+fn needed(rails: Rails, gpu: GpuExec, dra: bool) -> BTreeSet<Grant> {
     let mut v = Vec::new();
+    if dra {
+        let sa = "nodefabric-dra";
+        let g = "resource.k8s.io";
+        v.extend(grant(
+            sa,
+            "*",
+            g,
+            "resourceslices",
+            "",
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ));
+        v.extend(grant(sa, "*", g, "resourceclaims", "", &["get"]));
+        v.extend(grant(sa, "*", "", "nodes", "", &["get"]));
+        v.extend(grant(sa, "*", "", "pods", "", &["get"]));
+    }
     if let Some((form, cm)) = rails {
         v.extend(grant("nodefabric", "*", "", "nodes", "", &["get"]));
         v.extend(grant(
@@ -593,26 +641,30 @@ fn rbac_is_exactly_what_the_enabled_parts_need() {
     };
     let cm = RecordForm::Configmap;
     let cr = RecordForm::CustomResource;
-    let cases: [(&str, Rails, GpuExec); 7] = [
-        ("default-values.yaml", None, None),
-        ("hook-mode-values.yaml", None, None),
-        ("interval-mode-values.yaml", None, None),
+    let cases: [(&str, Rails, GpuExec, bool); 8] = [
+        ("default-values.yaml", None, None, false),
+        ("hook-mode-values.yaml", None, None, false),
+        ("interval-mode-values.yaml", None, None, false),
         (
             "gpu-source-off-values.yaml",
             Some((cm, "nodefabric-rails")),
             None,
+            false,
         ),
         (
             "seed-001-values.yaml",
             Some((cm, "topograph-nic-rails")),
             Some(("gpu-operator", "nvidia-device-plugin-daemonset")),
+            false,
         ),
-        ("custom-resource-values.yaml", Some((cr, "")), None),
+        ("custom-resource-values.yaml", Some((cr, "")), None, false),
         (
             "gpu-source-on-values.yaml",
             Some((cr, "")),
             Some(("nvidia-gpu-operator", "nvidia-driver-daemonset")),
+            false,
         ),
+        ("dra-shares-values.yaml", None, None, true),
     ];
     assert_eq!(
         cases
@@ -622,10 +674,10 @@ fn rbac_is_exactly_what_the_enabled_parts_need() {
         ci_files().into_iter().collect(),
         "every ci values file has its expected RBAC"
     );
-    for (file, rails, gpu) in cases {
+    for (file, rails, gpu, dra) in cases {
         let docs = render(&helm, &[&ci(file)]);
         let got = grants(&docs);
-        let want = needed(rails, gpu);
+        let want = needed(rails, gpu, dra);
         let extra: Vec<_> = got.difference(&want).collect();
         let missing: Vec<_> = want.difference(&got).collect();
         assert!(
@@ -640,7 +692,8 @@ fn rbac_is_exactly_what_the_enabled_parts_need() {
         }
         if gpu.is_none() {
             assert!(
-                got.iter().all(|g| !g.3.starts_with("pods")),
+                got.iter()
+                    .all(|g| !g.3.starts_with("pods") || g.0 == format!("{NS}/nodefabric-dra")),
                 "{file}: pod access without gpuSource"
             );
         }
@@ -1042,6 +1095,11 @@ fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
             vec![rails.as_path()],
             "gpuNicRailMapping off",
         ),
+        (
+            "publisher.mode=hook,devicePlugin.enabled=false,dra.enabled=true",
+            vec![],
+            "dra.enabled=false",
+        ),
     ] {
         let out = run_helm(
             &helm,
@@ -1062,5 +1120,129 @@ fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
             err.contains("publisher.mode hook gives NFD labels only") && err.contains(says),
             "{set}: {err}"
         );
+    }
+}
+
+/// The chart's DRA driver is deploy/components/dra (and, with shares,
+/// deploy/components/dra-shares): with `dra.enabled` every object the chart
+/// renders equals `kubectl kustomize` of deploy/ with the component(s), the
+/// device plugin's node affinity included, and every object the components
+/// add is rendered; `--shares` is passed only when shares > 0, and the
+/// driver's own parser reads it as the value.
+#[test]
+fn the_charts_dra_driver_is_the_dra_components_with_shares_as_the_value() {
+    let test = "the_charts_dra_driver_is_the_dra_components_with_shares_as_the_value";
+    let Some(helm) = helm(test) else { return };
+    let dra = ["deploy/components/dra"];
+    let both = ["deploy/components/dra", "deploy/components/dra-shares"];
+    let (Some(base), Some(exclusive), Some(shared)) = (
+        kustomize(test, &["deploy"], &[]),
+        kustomize(test, &["deploy"], &dra),
+        kustomize(test, &["deploy"], &both),
+    ) else {
+        return;
+    };
+    let base = by_key(&base);
+    let dir = tempfile::tempdir().unwrap();
+    let on = dir.path().join("dra-on.yaml");
+    std::fs::write(&on, "dra:\n  enabled: true\n").unwrap();
+    // The default render has no DRA object.
+    let default = by_key(&render(&helm, &[]));
+    assert!(
+        default
+            .keys()
+            .all(|k| k.0 != "DeviceClass" && !k.2.ends_with("-dra")),
+        "{:?}",
+        default.keys()
+    );
+    let plugin = (
+        "DaemonSet".to_string(),
+        NS.to_string(),
+        "nodefabric-device-plugin".to_string(),
+    );
+    let driver = (
+        "DaemonSet".to_string(),
+        NS.to_string(),
+        "nodefabric-dra".to_string(),
+    );
+    for (values, components, shares) in [
+        (on.as_path(), by_key(&exclusive), 0),
+        (ci("dra-shares-values.yaml").as_path(), by_key(&shared), 64),
+    ] {
+        let chart = by_key(&render(&helm, &[values]));
+        for (k, obj) in &chart {
+            assert_eq!(
+                Some(obj),
+                components.get(k),
+                "shares {shares}: {k:?} differs from the kustomize component"
+            );
+        }
+        // The component adds the driver's objects and patches the plugin.
+        let added: BTreeSet<_> = components
+            .keys()
+            .filter(|k| !base.contains_key(*k) || **k == plugin)
+            .cloned()
+            .collect();
+        assert_eq!(added.len(), 7, "{added:?}");
+        for k in &added {
+            assert!(chart.contains_key(k), "shares {shares}: {k:?} not rendered");
+        }
+        assert!(
+            chart[&plugin]
+                .pointer("/spec/template/spec/affinity/nodeAffinity")
+                .is_some(),
+            "the device plugin runs on DRA nodes"
+        );
+        let pod = pod_of(&chart[&driver]);
+        let argv = dra_argv(&pod.containers[0]);
+        let flags: Vec<&String> = argv.iter().filter(|a| a.starts_with("--shares")).collect();
+        if shares == 0 {
+            assert!(flags.is_empty(), "{argv:?}");
+        } else {
+            assert_eq!(flags, [&format!("--shares={shares}")]);
+        }
+        let cli = DraCli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert_eq!(cli.config().shares.count(), shares);
+    }
+}
+
+/// `dra.shares` outside 0..=1024, or not an integer, is refused by the
+/// schema with the path and the bound, as the driver refuses `--shares`.
+#[test]
+fn dra_shares_out_of_range_is_refused_by_the_schema_as_by_the_driver() {
+    let test = "dra_shares_out_of_range_is_refused_by_the_schema_as_by_the_driver";
+    let Some(helm) = helm(test) else { return };
+    let chart = chart();
+    let file = invalid("dra-shares-over-1024.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let negative = dir.path().join("negative.yaml");
+    std::fs::write(&negative, "dra:\n  enabled: true\n  shares: -1\n").unwrap();
+    let fraction = dir.path().join("fraction.yaml");
+    std::fs::write(&fraction, "dra:\n  enabled: true\n  shares: 1.5\n").unwrap();
+    for (path, says, flag) in [
+        (file.as_path(), "maximum: got 1,025, want 1,024", "1025"),
+        (negative.as_path(), "minimum: got -1, want 0", "-1"),
+        (fraction.as_path(), "want integer", "1.5"),
+    ] {
+        let out = run_helm(
+            &helm,
+            &["template", RELEASE, chart.to_str().unwrap(), "-n", NS],
+            &[path],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: rendered", path.display());
+        assert!(
+            err.contains("values don't meet the specifications of the schema")
+                && err.contains("/dra/shares")
+                && err.contains(says),
+            "{}: {err}",
+            path.display()
+        );
+        let argv = [
+            "nodefabric-dra".to_string(),
+            "--node-name=node-a".to_string(),
+            format!("--shares={flag}"),
+        ];
+        assert!(DraCli::try_parse_from(&argv).is_err(), "{argv:?}");
     }
 }

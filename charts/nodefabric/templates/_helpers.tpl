@@ -109,3 +109,6 @@ capabilities:
     fieldRef:
       fieldPath: spec.nodeName
 {{- end -}}
+
+{{/* The node label whose value `dra` moves a node from the device plugin to the DRA driver. */}}
+{{- define "nodefabric.draLabel" -}}nodefabric.gpustack.ai/rdma-allocator{{- end -}}
