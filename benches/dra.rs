@@ -330,6 +330,13 @@ async fn shared(tmp: &Path) -> Vec<Duration> {
 
 /// The shared-NIC section of docs/benchmarks.md.
 fn shares_section(runtime: &tokio::runtime::Runtime, tmp: &Path) {
+    // The machine is shared: say how busy it was rather than assume.
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .next()
+        .unwrap_or("unknown")
+        .to_string();
     let mut prepare = runtime.block_on(shared(tmp));
     let section = format!(
         "## Shared NIC (DRA driver): {SHARES} claims on one NIC\n\n\
@@ -340,9 +347,11 @@ fn shares_section(runtime: &tokio::runtime::Runtime, tmp: &Path) {
          driver's Unix socket, all held until the round's last, so the k-th Prepare checks its \
          share against the k-1 prepared before it; then one Unprepare of the {SHARES}. Each \
          Prepare reads its claim from the API, writes its NCCL_IB_HCA spec and the checkpoint \
-         (fsync; format v3, share IDs included), timed at the client: {} samples. The machine \
-         (2 cores) was shared with other builds while this ran, so the tail is the machine's as \
-         much as the driver's. Target: Prepare p99 ≤ 5 ms, as for exclusive claims.\n\n\
+         (fsync; format v3, share IDs included), timed at the client: {} samples. The claims \
+         name no pod in `status.reservedFor`, so the NCCL union's pod and claim reads are not \
+         in these figures (each adds one API read per pod and per other claim). Load average \
+         (1 min) when the run started: {load} on 2 cores. Target: Prepare p99 ≤ 5 ms, as for \
+         exclusive claims.\n\n\
          | Prepare of one share, {SHARES} claims on one NIC | p50 | p99 | max |\n|---|---|---|---|\n\
          | measured | {} | {} | {} |\n",
         prepare.len(),
