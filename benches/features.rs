@@ -8,7 +8,8 @@
 //! discovery section. Run with `cargo bench --bench features`;
 //! `-- --tree DIR N` only writes the N-endpoint tree, for profiling;
 //! `-- --publish` measures the publisher's peak RSS at 10,000 endpoints
-//! instead (see [`publish_memory`]).
+//! instead (see [`publish_memory`]); `-- --strace` counts both programs'
+//! syscalls and compares the paths they open (see [`strace_counts`]).
 
 #[path = "../tests/support/fixtures.rs"]
 mod fixtures;
@@ -476,10 +477,300 @@ fn publish_memory() {
     report::write_section("Publisher at 10,000 endpoints", &section);
 }
 
+/// The syscalls `--strace` traces: every call that names a path (`%file`:
+/// opens, `openat2`, stats, readlinks, exec), the stats of an fd
+/// (`%fstat`), and the reads and directory listings, which name an fd.
+const STRACE_SET: &str = "trace=%file,%fstat,read,readlink,readlinkat,openat,getdents64";
+
+/// What one program did under strace, split by whether the path (or the
+/// fd's path) is under the tree: outside it is start-up (the loader,
+/// /proc, /etc, the plain reader's manifest).
+#[derive(Default)]
+struct Trace {
+    total: usize,
+    startup: usize,
+    file_opens: usize,
+    dir_opens: usize,
+    /// `O_PATH` opens: a path resolved (checked), nothing read through it.
+    path_opens: usize,
+    failed_opens: usize,
+    readlinks: usize,
+    /// readlinks of what is not a link (EINVAL) or not there.
+    failed_readlinks: usize,
+    listings: usize,
+    reads: usize,
+    /// Other calls on paths or fds under the tree (stat, fstat, access).
+    other: usize,
+    /// Files (not folders) opened under the tree, as the path under the
+    /// tree with every link resolved: one file reached by two names (a
+    /// `class/` link and its `devices/` target) is one entry.
+    opened: std::collections::BTreeSet<String>,
+    /// Links read under the tree, by the link's own path with the links
+    /// above it resolved.
+    linked: std::collections::BTreeSet<String>,
+    /// Paths of failed opens and readlinks, as named.
+    failed: std::collections::BTreeSet<String>,
+}
+
+/// The first `"..."` of `args`, unescaped only as far as sysfs names need.
+fn quoted(args: &str) -> Option<&str> {
+    let start = args.find('"')? + 1;
+    let len = args[start..].find('"')?;
+    Some(&args[start..start + len])
+}
+
+/// The path strace `-y` prints for an fd argument: `3</some/path>`.
+fn fd_path(arg: &str) -> Option<&str> {
+    let start = arg.find('<')? + 1;
+    let end = arg[start..].find('>')?;
+    Some(&arg[start..start + end])
+}
+
+/// The path a `*at` call names: `path` if absolute, else joined to the
+/// dirfd's path (`AT_FDCWD` is the bench's own folder, never the tree).
+fn at_path(args: &str) -> Option<String> {
+    let path = quoted(args)?;
+    if path.starts_with('/') {
+        return Some(path.to_string());
+    }
+    let dir = fd_path(args.split(',').next()?).unwrap_or(".");
+    Some(format!("{dir}/{path}"))
+}
+
+/// `rel` under `root` with every link resolved (`follow`) or those above
+/// its last name only; `rel` itself when it cannot be resolved.
+fn physical(root: &Path, rel: &str, follow: bool) -> String {
+    let full = root.join(rel);
+    let resolved = if follow {
+        fs::canonicalize(&full).ok()
+    } else {
+        full.parent()
+            .and_then(|p| fs::canonicalize(p).ok())
+            .zip(full.file_name())
+            .map(|(p, n)| p.join(n))
+    };
+    resolved
+        .and_then(|r| {
+            r.strip_prefix(root)
+                .ok()
+                .map(|r| r.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| rel.to_string())
+}
+
+/// Counts an `strace -f -y -o` log of one run against `root`.
+fn count_trace(log: &str, root: &Path) -> Trace {
+    let root = root.to_str().unwrap();
+    let under = |p: &str| {
+        p.strip_prefix(root)
+            .and_then(|r| r.strip_prefix('/'))
+            .map(str::to_string)
+    };
+    let mut t = Trace::default();
+    for line in log.lines() {
+        // "PID name(args) = ret"; exits, signals and resumed halves of
+        // calls are not calls
+        let Some((_, call)) = line.split_once(' ') else {
+            continue;
+        };
+        let call = call.trim_start();
+        if call.starts_with("+++") || call.starts_with("---") || call.starts_with("<...") {
+            continue;
+        }
+        let Some((name, args)) = call.split_once('(') else {
+            continue;
+        };
+        t.total += 1;
+        let failed = call
+            .rsplit_once(" = ")
+            .is_some_and(|(_, r)| r.starts_with('-'));
+        let path = match name {
+            "read" | "getdents64" | "fstat" => fd_path(args).map(str::to_string),
+            "open" | "readlink" | "execve" | "stat" | "lstat" | "access" => {
+                quoted(args).map(str::to_string)
+            }
+            _ => at_path(args),
+        };
+        let Some(rel) = path.as_deref().and_then(under) else {
+            t.startup += 1;
+            continue;
+        };
+        match name {
+            "open" | "openat" | "openat2" => {
+                if failed {
+                    t.failed_opens += 1;
+                    t.failed.insert(rel);
+                } else if args.contains("O_PATH") {
+                    t.path_opens += 1;
+                } else if Path::new(root).join(&rel).is_dir() {
+                    t.dir_opens += 1;
+                } else {
+                    t.file_opens += 1;
+                    t.opened.insert(physical(Path::new(root), &rel, true));
+                }
+            }
+            "readlink" | "readlinkat" => {
+                t.readlinks += 1;
+                if failed {
+                    t.failed_readlinks += 1;
+                    t.failed.insert(rel);
+                } else {
+                    t.linked.insert(physical(Path::new(root), &rel, false));
+                }
+            }
+            "getdents64" => t.listings += 1,
+            "read" => t.reads += 1,
+            _ => t.other += 1,
+        }
+    }
+    t
+}
+
+/// Runs `cmd` under strace ([`STRACE_SET`], following threads, fds shown
+/// with their paths), its log in `log`; the counts against `root`.
+fn traced(cmd: &Command, log: &Path, root: &Path) -> Trace {
+    let status = Command::new("strace")
+        .args(["-f", "-y", "-e", STRACE_SET, "-o"])
+        .arg(log)
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("strace (on PATH)");
+    assert!(status.success(), "{cmd:?} under strace failed");
+    count_trace(&fs::read_to_string(log).unwrap(), root)
+}
+
+/// The shape of a path: each PCI address `BDF`, each run of digits `N`.
+fn shape(path: &str) -> String {
+    path.split('/')
+        .map(|seg| {
+            if seg.matches(':').count() >= 2 {
+                return "BDF".to_string();
+            }
+            let mut out = String::new();
+            for c in seg.chars() {
+                if !c.is_ascii_digit() {
+                    out.push(c);
+                } else if !out.ends_with('N') {
+                    out.push('N');
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// `a` less `b`: how many, how many of each shape, and the first few.
+fn only_in(
+    a: &std::collections::BTreeSet<String>,
+    b: &std::collections::BTreeSet<String>,
+) -> String {
+    let d: Vec<&String> = a.difference(b).collect();
+    if d.is_empty() {
+        return "none".into();
+    }
+    let mut shapes = std::collections::BTreeMap::new();
+    for p in &d {
+        *shapes.entry(shape(p)).or_insert(0) += 1;
+    }
+    let shapes: Vec<String> = shapes.iter().map(|(s, n)| format!("{n} × `{s}`")).collect();
+    let first: Vec<String> = d.iter().take(3).map(|p| format!("`{p}`")).collect();
+    format!(
+        "{} ({}; first: {})",
+        d.len(),
+        shapes.join(", "),
+        first.join(", ")
+    )
+}
+
+/// `--strace`: `nodefabric features` (release) and the plain reader with
+/// its manifest, once each under strace at 8 and 512 endpoints; their
+/// syscall counts, and the paths under the tree one opens or readlinks
+/// that the other does not. Writes the "Discovery under strace" section.
+fn strace_counts() {
+    let work = tempfile::tempdir().unwrap();
+    let plain = build_plain(work.path());
+    let mut rows = Vec::new();
+    let mut diffs = Vec::new();
+    for endpoints in [8, 512] {
+        let dir = tempfile::tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let tree = dir.path().canonicalize().unwrap().join("sys");
+        fixtures::large(&tree, endpoints);
+        let list = manifest(&tree);
+        let manifest_file = dir.path().join("manifest");
+        fs::write(&manifest_file, checked_manifest(&tree, &list)).unwrap();
+        let mut ours = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+        ours.args(["features", "--sysfs-root", tree.to_str().unwrap()]);
+        let mut floor = Command::new(&plain);
+        floor.arg(&manifest_file).arg(&tree);
+        let a = traced(&ours, &dir.path().join("nodefabric.strace"), &tree);
+        let b = traced(&floor, &dir.path().join("plain.strace"), &tree);
+        for (name, t) in [("nodefabric features", &a), ("plain reader", &b)] {
+            let row = format!(
+                "| {endpoints} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                t.total,
+                t.startup,
+                t.file_opens,
+                t.opened.len(),
+                t.dir_opens,
+                t.path_opens,
+                t.failed_opens,
+                t.readlinks,
+                t.failed_readlinks,
+                t.listings,
+                t.reads,
+                t.other
+            );
+            println!("{row}");
+            rows.push(row);
+        }
+        let diff = format!(
+            "- {endpoints} endpoints ({} paths in the manifest): files opened by nodefabric only: {}; by the plain reader only: {}. \
+             Links read by nodefabric only: {}; by the plain reader only: {}. \
+             Failed opens and readlinks: nodefabric {}; the plain reader {}.",
+            list.len(),
+            only_in(&a.opened, &b.opened),
+            only_in(&b.opened, &a.opened),
+            only_in(&a.linked, &b.linked),
+            only_in(&b.linked, &a.linked),
+            only_in(&a.failed, &Default::default()),
+            only_in(&b.failed, &Default::default()),
+        );
+        println!("{diff}");
+        diffs.push(diff);
+    }
+    let section = format!(
+        "## Discovery under strace: `nodefabric features` and the plain reader, call by call\n\n\
+         `cargo bench --bench features -- --strace`: each program once under `strace -f -y -e {STRACE_SET}` on the generated trees \
+         (`fixtures::large`, tmpfs) at 8 and 512 endpoints: the release `nodefabric features --sysfs-root TREE` and the plain reader \
+         with the manifest the timing bench gives it (a capture's files and links). A call whose path, or whose fd's path, is outside \
+         the tree (the loader, /proc, /etc, and for the plain reader the reads of its manifest) counts as start-up; the rest are counted by kind. Opens are split into files, \
+         folders (a folder is opened to list it) and `O_PATH` opens (a path resolved and checked, nothing read through it), failed opens apart from all three; \"distinct\" is the number of different files opened. Reads count `read` calls \
+         on fds under the tree, end-of-file reads included. Files are compared as the file they reach, every link resolved \
+         (nodefabric opens `class/infiniband_verbs/uverbs0/dev` through the link where the capture names the `devices/` path); \
+         links by their own path, the links above them resolved. A failed readlink is EINVAL (a folder, not a link) or ENOENT \
+         (absent); a failed open is ENOENT. The counts do not depend on load; one run of each is exact.\n\n\
+         | endpoints | program | syscalls traced | start-up (outside the tree) | file opens | distinct files | folder opens | `O_PATH` opens | failed opens | readlinks (failed ones included) | failed readlinks | listings (getdents64) | reads | other calls in the tree |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n{}\n\n\
+         Paths under the tree opened (as files) or readlinked by one and not the other:\n\n{}\n",
+        rows.join("\n"),
+        diffs.join("\n")
+    );
+    report::write_section("Discovery under strace", &section);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--publish") {
         return publish_memory();
+    }
+    if args.get(1).map(String::as_str) == Some("--strace") {
+        return strace_counts();
     }
     if args.get(1).map(String::as_str) == Some("--measure") {
         return measure(&args[2..]);
