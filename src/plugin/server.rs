@@ -102,7 +102,21 @@ enum RegisterError {
         /// kubelet's answer.
         status: tonic::Status,
     },
+    /// kubelet accepted the connection but gave no answer in time.
+    #[error("registering {resource} with {kubelet}: no answer within {REGISTER_TIMEOUT:?}")]
+    Unanswered {
+        /// The full resource name.
+        resource: String,
+        /// kubelet's socket.
+        kubelet: PathBuf,
+    },
 }
+
+/// How long one Register call may wait for kubelet's answer: kubelet
+/// answers at once, and a silent one must not hold the loop (and with it
+/// every spec reload) until the plugin is restarted; the attempt is retried
+/// with the backoff.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The servers of one registration, and the kubelet they registered with.
 struct Generation {
@@ -475,9 +489,12 @@ async fn register_all(
                 get_preferred_allocation_available: true,
             }),
         };
-        client
-            .register(request)
+        tokio::time::timeout(REGISTER_TIMEOUT, client.register(request))
             .await
+            .map_err(|_| RegisterError::Unanswered {
+                resource: config.resource_name(r),
+                kubelet: kubelet_sock.into(),
+            })?
             .map_err(|status| RegisterError::Refused {
                 resource: config.resource_name(r),
                 kubelet: kubelet_sock.into(),

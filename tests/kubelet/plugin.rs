@@ -1285,3 +1285,50 @@ async fn a_spec_whose_shared_list_exceeds_kubelets_4_mib_message_limit_is_refuse
         "{log}"
     );
 }
+
+/// A kubelet that accepts the connection and reads the Register call but
+/// never answers once held the plugin's loop for good: no retry, and no
+/// spec reload either, until the plugin was restarted. The call is bounded
+/// and retried like any failed registration.
+#[tokio::test]
+async fn a_kubelet_that_never_answers_register_is_given_up_on_named_and_tried_again() {
+    use std::io::Read;
+    let d = Dirs::published("n", fixtures::no_accelerator);
+    let listener =
+        std::os::unix::net::UnixListener::bind(d.kubelet().join("kubelet.sock")).unwrap();
+    let (called, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        // Every connection is read and never answered; each is counted.
+        for conn in listener.incoming() {
+            let mut conn = conn.unwrap();
+            let mut buf = [0u8; 4096];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            held.push(conn);
+            if called.send(n).is_err() {
+                return;
+            }
+        }
+    });
+    let plugin = Plugin::start(&d.kubelet(), &d.cdi(), &["--poll-interval", "1h"]);
+    logged(
+        &plugin,
+        "the unanswered Register named",
+        "no answer within 10s",
+    )
+    .await;
+    let attempts = tokio::task::spawn_blocking(move || {
+        (0..2)
+            .map(|_| {
+                heard
+                    .recv_timeout(wait::WAIT)
+                    .expect("a connection to kubelet.sock")
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(attempts.iter().all(|&n| n > 0), "{attempts:?}");
+    let (status, log) = plugin.terminate();
+    assert!(status.success(), "{log}");
+}
