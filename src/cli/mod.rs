@@ -15,6 +15,7 @@ mod capture;
 pub mod cluster_args;
 pub mod forward;
 pub mod full;
+mod hook_args;
 pub mod kubectl;
 pub mod output;
 mod publish;
@@ -46,7 +47,7 @@ pub struct Cli {
         long,
         global = true,
         default_value = "/sys",
-        env = "NODEFABRIC_SYSFS_ROOT",
+        env = SYSFS_ROOT_ENV,
         value_name = "DIR"
     )]
     pub sysfs_root: PathBuf,
@@ -57,7 +58,7 @@ pub struct Cli {
 
     /// Replaying a capture: refuse an archive that unpacks to more bytes
     /// than this (a number, optionally with B, KiB, MiB or GiB).
-    #[arg(long, global = true, value_name = "SIZE", default_value = "256MiB", value_parser = crate::capture::limits::parse_max_bytes)]
+    #[arg(long, global = true, value_name = "SIZE", default_value = DEFAULT_REPLAY_MAX_BYTES, value_parser = crate::capture::limits::parse_max_bytes)]
     pub replay_max_bytes: u64,
 
     /// Label key namespace (the part before `/`). nfd-master must allow it:
@@ -95,11 +96,11 @@ pub struct Cli {
     /// each tool and each input has its own. For the fabric a tool's answer
     /// then counts as unreadable and the previous one is kept; a rail pass
     /// fails, naming the tool or the input.
-    #[arg(long, global = true, default_value = "30s", value_name = "DURATION", value_parser = parse_tool_timeout)]
+    #[arg(long, global = true, default_value = DEFAULT_TOOL_TIMEOUT, value_name = "DURATION", value_parser = parse_tool_timeout)]
     pub tool_timeout: Duration,
 
     /// Log filter for stderr: error, warn, info, debug or trace.
-    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    #[arg(long, global = true, default_value = DEFAULT_LOG_LEVEL, value_name = "LEVEL")]
     pub log_level: tracing::Level,
 
     /// What to do.
@@ -121,6 +122,15 @@ pub struct Cli {
     #[arg(skip)]
     pub full: Option<&'static dyn full::Full>,
 }
+
+/// The variable that names the sysfs tree when `--sysfs-root` does not.
+const SYSFS_ROOT_ENV: &str = "NODEFABRIC_SYSFS_ROOT";
+/// `--replay-max-bytes` when not given.
+const DEFAULT_REPLAY_MAX_BYTES: &str = "256MiB";
+/// `--tool-timeout` when not given.
+const DEFAULT_TOOL_TIMEOUT: &str = "30s";
+/// `--log-level` when not given.
+const DEFAULT_LOG_LEVEL: &str = "warn";
 
 /// What `--help` says of a run with no arguments at all, the way nfd-worker
 /// runs a `source.d` hook.
@@ -269,7 +279,16 @@ pub fn main_lean() -> ExitCode {
 /// Parses `std::env::args`; a misuse exits 2 with clap's message. No
 /// arguments at all is the NFD hook's run: see [`bare`].
 fn parse() -> Cli {
-    if std::env::args_os().len() <= 1 {
+    // The hook's own command lines skip clap, whose tables cost a fifth of
+    // a pass on a small node (see [`hook_args`]).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(cli) = hook_args::parse(&args, std::env::var_os(SYSFS_ROOT_ENV)) {
+        if args.is_empty() {
+            tell_terminal_bare(&cli);
+        }
+        return cli;
+    }
+    if args.is_empty() {
         return bare();
     }
     let matches = Cli::command().get_matches();
@@ -289,15 +308,20 @@ fn bare() -> Cli {
     if matches.value_source("sysfs_root") == Some(clap::parser::ValueSource::DefaultValue) {
         cli.sysfs_root = hook::bare_sysfs_root();
     }
-    // Only a person at a terminal is told: nfd-worker logs every stderr line
-    // of a hook at every pass (each minute, on every node).
+    tell_terminal_bare(&cli);
+    cli
+}
+
+/// Says at a terminal what a run with no arguments did. Only a person at a
+/// terminal is told: nfd-worker logs every stderr line of a hook at every
+/// pass (each minute, on every node).
+fn tell_terminal_bare(cli: &Cli) {
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!(
             "nodefabric: no command given, so this ran `features` on {} (what NFD runs as a source.d hook) and wrote nothing; `nodefabric --help` lists the commands",
             cli.sysfs_root.display()
         );
     }
-    cli
 }
 
 /// `publish` on a tree other than `/sys` (a capture, a copy, a test tree)
