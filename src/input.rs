@@ -99,6 +99,49 @@ pub fn read_file(
     read_opened(path, max, what, Pipes::Refuse)
 }
 
+/// Opens the regular file at `path` for reading as it goes, refusing what
+/// [`read_file`] refuses (a pipe, a device, a file over `max` bytes); the
+/// reader ends one byte past `max`, so a file that grows past the cap reads
+/// as longer than any valid input. For a caller that parses as it reads
+/// rather than hold the whole text.
+pub fn open_file(
+    path: &Path,
+    max: u64,
+    what: &str,
+) -> Result<std::io::Take<std::fs::File>, InputError> {
+    let io = |cause| InputError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let planned = std::fs::metadata(path).map_err(io)?.file_type();
+    if !planned.is_file() {
+        return Err(InputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind_of(planned),
+        });
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.file_type().is_file() {
+        return Err(InputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind_of(meta.file_type()),
+        });
+    }
+    if meta.len() > max {
+        return Err(InputError::TooLarge {
+            path: path.to_path_buf(),
+            max,
+            what: what.to_string(),
+        });
+    }
+    Ok(std::io::Read::take(file, max + 1))
+}
+
 /// [`read_bytes`] and [`read_file`]: the bytes and the open file's metadata.
 fn read_opened(
     path: &Path,

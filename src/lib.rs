@@ -23,6 +23,7 @@ pub mod discover;
 pub mod dra;
 pub mod escape;
 pub mod fabric;
+pub mod heap;
 pub mod hook;
 pub mod input;
 pub mod kubelet;

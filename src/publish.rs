@@ -6,7 +6,8 @@
 //! reader sees the old file or the new one, never a partial one.
 
 use crate::cdi::{self, Family};
-use crate::record::NodeRecord;
+use crate::record::{LinkState, NodeRecord};
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -296,18 +297,16 @@ pub fn check_node_size(sysfs_root: &Path, cgroup_file: &Path) -> Result<(), Node
 }
 
 /// Reads the previous record from the state folder; a missing or unreadable
-/// one is logged and treated as none (it only carries `firstSeen` times).
+/// one is logged and treated as none (it only carries `firstSeen` times and
+/// the facts a pass could not read). Parsed as the file is read: at 10,000
+/// endpoints its text (~12 MB) held beside the parsed record (~17 MB) took
+/// the publisher over its 64Mi limit on a node whose facts were unreadable.
 pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
     let path = state_dir?.join(STATE_FILE);
     // Bounded, and never a FIFO: something planted there must not stall
     // every later pass.
-    let text = match crate::input::read_text(
-        &path,
-        MAX_RECORD,
-        "a node record",
-        crate::input::Pipes::Refuse,
-    ) {
-        Ok(t) => t,
+    let file = match crate::input::open_file(&path, MAX_RECORD, "a node record") {
+        Ok(f) => f,
         Err(crate::input::InputError::Io { cause, .. })
             if cause.kind() == std::io::ErrorKind::NotFound =>
         {
@@ -319,7 +318,7 @@ pub fn load_previous(state_dir: Option<&Path>) -> Option<NodeRecord> {
             return None;
         }
     };
-    match serde_json::from_str(&text) {
+    match serde_json::from_reader(std::io::BufReader::new(file)) {
         Ok(r) => Some(r),
         Err(e) => {
             warn!("ignoring previous record {}: {e}", path.display());
@@ -374,24 +373,131 @@ impl Previous {
             .get_or_init(|| load_previous(self.state_dir.as_deref()))
             .as_ref()
     }
+
+    /// When each endpoint whose link had failed was first seen failing, by
+    /// (RDMA device, PCI address). Only these fields are parsed, as the file
+    /// is read, unless the whole record is already at hand: on a node whose
+    /// links are down the whole record (~17 MB at 10,000 endpoints, and its
+    /// text beside it while parsed) is not needed for them. A record this
+    /// cannot read is read whole, whose reader says why, once.
+    pub fn failing_since(&self) -> HashMap<EndpointKey, String> {
+        let whole = |record: &NodeRecord| {
+            record
+                .endpoints()
+                .into_iter()
+                .filter_map(|(ep, _)| {
+                    let link = ep.link.as_ref()?;
+                    let since = link.first_seen.clone()?;
+                    (link.state == LinkState::Failed)
+                        .then(|| ((ep.rdma_device.clone(), ep.pci_bus_id.clone()), since))
+                })
+                .collect()
+        };
+        if let Some(held) = self.record.get() {
+            return held.as_ref().map(whole).unwrap_or_default();
+        }
+        match self.state_dir.as_deref().and_then(failing_only) {
+            Some(found) => found,
+            None => self.get().map(whole).unwrap_or_default(),
+        }
+    }
+}
+
+/// An endpoint as a failing link is remembered: (RDMA device, PCI address).
+pub type EndpointKey = (Option<String>, Option<String>);
+
+/// The failed links of the record in `state_dir`, parsed as the file is read
+/// with every other field skipped; `None` when there is no such file or it
+/// cannot be read or parsed (for [`Previous::get`] to read and name).
+fn failing_only(state_dir: &Path) -> Option<HashMap<EndpointKey, String>> {
+    /// The parts of a record that say which links failed since when.
+    #[derive(serde::Deserialize)]
+    struct Record {
+        #[allow(dead_code)] // required, as the whole record requires it
+        version: u32,
+        spec: Spec,
+    }
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        interfaces: Vec<Endpoint>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Endpoint {
+        #[serde(default)]
+        rdma_device: Option<String>,
+        #[serde(default)]
+        pci_bus_id: Option<String>,
+        #[serde(default)]
+        link: Option<Link>,
+        #[serde(default)]
+        virtual_functions: Vec<Endpoint>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Link {
+        state: LinkState,
+        #[serde(default)]
+        first_seen: Option<String>,
+    }
+    fn collect(ep: Endpoint, out: &mut HashMap<EndpointKey, String>) {
+        if let Some(Link {
+            state: LinkState::Failed,
+            first_seen: Some(since),
+        }) = ep.link
+        {
+            out.insert((ep.rdma_device, ep.pci_bus_id), since);
+        }
+        for vf in ep.virtual_functions {
+            collect(vf, out);
+        }
+    }
+    let file =
+        crate::input::open_file(&state_dir.join(STATE_FILE), MAX_RECORD, "a node record").ok()?;
+    let record: Record = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+    let mut out = HashMap::new();
+    for ep in record.spec.interfaces {
+        collect(ep, &mut out);
+    }
+    Some(out)
 }
 
 /// Writes bytes only when they differ from what the file holds; returns
 /// whether it wrote.
 pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
-    // What cannot be read as a file (a FIFO, a folder, something longer
-    // than the new bytes, so different anyway) is simply replaced, unread.
-    let old = crate::input::read_bytes(
-        &dir.join(name),
-        bytes.len() as u64,
-        "a file of ours",
-        crate::input::Pipes::Refuse,
-    );
-    if old.is_ok_and(|old| old == bytes) {
+    if file_holds(&dir.join(name), bytes) {
         return Ok(false);
     }
     write_atomic(dir, name, bytes)?;
     Ok(true)
+}
+
+/// True when the file at `path` holds exactly `bytes`, compared a block at
+/// a time: the old file is not read whole beside the new bytes (a 7.4 MB
+/// CDI spec at 10,000 endpoints was, at the publisher's peak). What cannot
+/// be read as a file (a FIFO, a folder, something longer than the new
+/// bytes, so different anyway) is not the same.
+fn file_holds(path: &Path, bytes: &[u8]) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = crate::input::open_file(path, bytes.len() as u64, "a file of ours") else {
+        return false;
+    };
+    let mut block = vec![0u8; (64 << 10).min(bytes.len() + 1)];
+    let mut at = 0;
+    loop {
+        let n = match file.read(&mut block) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        };
+        if n == 0 {
+            return at == bytes.len();
+        }
+        if bytes.get(at..at + n) != Some(&block[..n]) {
+            return false;
+        }
+        at += n;
+    }
 }
 
 /// Writes what `write` produces into `dir/name` only when it differs from
@@ -538,10 +644,121 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
+    /// A record with a failed PF link, a failed VF link, an up link and a
+    /// failed link with no time, as JSON.
+    fn failing_record() -> String {
+        use crate::record::{Interface, LinkVerdict, Spec};
+        let ep = |dev: &str, addr: &str, state, since: Option<&str>| Interface {
+            pci_bus_id: Some(addr.into()),
+            rdma_device: Some(dev.into()),
+            link: Some(LinkVerdict {
+                state,
+                reason: None,
+                ports: Vec::new(),
+                first_seen: since.map(str::to_string),
+            }),
+            ..Interface::default()
+        };
+        let mut pf = ep(
+            "mlx5_0",
+            "0000:01:00.0",
+            LinkState::Failed,
+            Some("2026-01-01T00:00:00Z"),
+        );
+        pf.virtual_functions = vec![
+            ep(
+                "mlx5_2",
+                "0000:01:00.2",
+                LinkState::Failed,
+                Some("2026-02-02T00:00:00Z"),
+            ),
+            ep("mlx5_3", "0000:01:00.3", LinkState::Ok, None),
+        ];
+        let record = NodeRecord {
+            version: crate::record::NODE_RECORD_VERSION,
+            spec: Spec {
+                interfaces: vec![pf, ep("mlx5_1", "0000:02:00.0", LinkState::Failed, None)],
+                ..Spec::default()
+            },
+        };
+        serde_json::to_string_pretty(&record).unwrap()
+    }
+
+    /// The failed links read field by field from the file equal what the
+    /// whole record gives, so a node whose links are down need not parse it.
+    #[test]
+    fn failed_links_read_alone_equal_those_of_the_whole_record() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(STATE_FILE), failing_record()).unwrap();
+        let alone = Previous::at(Some(dir.path())).failing_since();
+        let whole = Previous::at(Some(dir.path()));
+        assert!(whole.get().is_some(), "the test record parses whole");
+        assert_eq!(alone, whole.failing_since());
+        let key = |d: &str, a: &str| (Some(d.to_string()), Some(a.to_string()));
+        assert_eq!(
+            alone,
+            HashMap::from([
+                (
+                    key("mlx5_0", "0000:01:00.0"),
+                    "2026-01-01T00:00:00Z".to_string()
+                ),
+                (
+                    key("mlx5_2", "0000:01:00.2"),
+                    "2026-02-02T00:00:00Z".to_string()
+                ),
+            ])
+        );
+    }
+
+    /// A record that cannot be read field by field (cut short, or no
+    /// record at all) gives no times, as the whole reader says.
+    #[test]
+    fn a_damaged_previous_record_gives_no_failed_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = failing_record();
+        fs::write(dir.path().join(STATE_FILE), &text[..text.len() / 2]).unwrap();
+        assert!(Previous::at(Some(dir.path())).failing_since().is_empty());
+        fs::write(
+            dir.path().join(STATE_FILE),
+            "{\"spec\": {\"interfaces\": []}}",
+        )
+        .unwrap();
+        assert!(Previous::at(Some(dir.path())).failing_since().is_empty());
+        assert!(Previous::at(None).failing_since().is_empty());
+    }
+
     /// A producer that writes `text` in pieces of `piece` bytes, as a
     /// serializer does, so comparisons cross the reader's buffer edges.
     fn pieces(text: &[u8], piece: usize) -> impl Fn(&mut dyn Write) -> std::io::Result<()> + '_ {
         move |w| text.chunks(piece).try_for_each(|c| w.write_all(c))
+    }
+
+    /// The block-by-block comparison says "same" for the same bytes only:
+    /// not for one byte changed past the first block, a file shorter or
+    /// longer, a folder or a FIFO (which must not be waited on).
+    #[test]
+    fn a_file_holds_the_bytes_only_when_every_block_is_equal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.json");
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &bytes).unwrap();
+        assert!(file_holds(&path, &bytes));
+        let mut changed = bytes.clone();
+        changed[150_000] ^= 1;
+        assert!(!file_holds(&path, &changed));
+        assert!(!file_holds(&path, &bytes[..bytes.len() - 1]));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(!file_holds(&path, &longer));
+        assert!(!file_holds(&dir.path().join("empty"), b""), "absent");
+        fs::write(dir.path().join("empty"), b"").unwrap();
+        assert!(file_holds(&dir.path().join("empty"), b""));
+        assert!(!file_holds(dir.path(), b""));
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(!file_holds(&fifo, b""));
     }
 
     #[test]

@@ -111,7 +111,7 @@ pub(super) fn publish_loop(cli: &Cli, args: &PublishArgs, interval: Duration) ->
         health.set_broken(publish::stale_folder(&output_folders(args).0));
         // The pass's structures are dropped: their pages go back to the OS
         // rather than wait, fragmented, under the next pass's.
-        crate::kubelet::release_freed_memory();
+        crate::heap::release_freed_memory();
         std::thread::sleep(interval);
     }
 }

@@ -540,7 +540,7 @@ impl Driver {
                     .dropped_fields(self.reconciler.dropped_gates());
                 if writes > 0 {
                     // The generation's JSON, requests and answers are dropped.
-                    crate::kubelet::release_freed_memory();
+                    crate::heap::release_freed_memory();
                 }
                 self.quiet
                     .clear("slices", || "ResourceSlices published".into());

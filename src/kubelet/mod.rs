@@ -27,15 +27,3 @@ pub mod signals;
 pub mod socket;
 pub mod specs;
 pub mod watch;
-
-/// Hands the heap pages freed after a large piece of work (a device list
-/// built, encoded and dropped; a generation of slices sent) back to the OS,
-/// so a plugin idles near what its state needs: glibc keeps them otherwise.
-pub fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; it only walks the allocator's
-    // own free lists and may be called from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}

@@ -201,7 +201,7 @@ impl DevicePlugin for ResourceService {
                         _ = tx.closed() => return,
                         _ = tokio::time::sleep(TRIM_AFTER), if trim_pending => {
                             trim_pending = false;
-                            crate::kubelet::release_freed_memory();
+                            crate::heap::release_freed_memory();
                         }
                     }
                 }
