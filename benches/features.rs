@@ -11,7 +11,8 @@
 //! `-- --publish` measures the publisher's peak RSS at 10,000 endpoints
 //! instead (see [`publish_memory`]); `-- --strace` counts both programs'
 //! syscalls and compares what they read path by path (see
-//! [`strace_counts`]).
+//! [`strace_counts`]); `-- --replay` splits nodefabric's time over its floor
+//! into the system calls it adds and its own work (see [`replay`]).
 
 #[path = "../tests/support/fixtures.rs"]
 mod fixtures;
@@ -21,6 +22,8 @@ mod floor;
 mod proc_status;
 #[path = "support/publish_memory.rs"]
 mod publish_memory;
+#[path = "support/replay.rs"]
+mod replay;
 #[path = "support/report.rs"]
 mod report;
 #[path = "support/strace.rs"]
@@ -516,6 +519,7 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("--publish") => publish_memory::publish_memory(),
         Some("--strace") => strace_counts(),
+        Some("--replay") => replay::replay(),
         Some("--measure") => measure(&args[2..]),
         // `--tree DIR N`: only write the N-endpoint tree, for profiling by
         // hand (`strace -c -f nodefabric features --sysfs-root DIR`).
