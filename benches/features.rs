@@ -411,7 +411,7 @@ fn timing() {
          Each PCI function has, as on a real node, a `config` file and the `revision`, `subsystem_vendor` and `subsystem_device` attributes: the seven files `lspci -tv` opens per function. \
          **The floor** is a C program (built by the bench with `cc -O2`, dynamic, as one would build it) that opens and reads each file and readlinks each link that `nodefabric features` itself \
          opened and read on the same tree, taken from an strace of it (`benches/support/floor.rs`), each once, by path, in nodefabric's order, and nothing else: \
-         no listing of folders, no check; its own list costs it three calls (one open, fstat and read). The section below (`-- --strace`) proves it path by path. \
+         no listing of folders, no check; its own list costs it four calls (open, fstat, read, close). The section below (`-- --strace`) proves it path by path. \
          Each size is timed in pairs, one run of each program, which goes first alternating from pair to pair; each run is started and timed by a small measuring process (the bench binary again), \
          so that its peak RSS from wait4(2) is its own. **The ratio is the median of the per-pair ratios** (in brackets the quartiles), so that load which hits one pair hits both of its programs; \
          wall times are the medians of each side. Load average (1 min) at the start and after each size: {}. \

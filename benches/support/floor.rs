@@ -12,7 +12,7 @@ use super::strace::{self, Trace};
 /// The floor's source. Its manifest holds one path a line under the root
 /// given second, `F` (open, read, close) or `L` (readlink) before it. The
 /// manifest is read with one `read`, so the floor's own bookkeeping costs
-/// three calls; each file is read until a short read (sysfs attributes and
+/// four calls (open, fstat, read, close); each file is read until a short read (sysfs attributes and
 /// tmpfs files return all they hold at once, as nodefabric also assumes),
 /// and any path that cannot be read stops it with status 1, so a floor
 /// that exits 0 read every path. Built with the system C compiler as
