@@ -1082,6 +1082,52 @@ fn the_hook_mode_installs_into_source_d_as_the_nfd_hook_component_does() {
     );
 }
 
+/// The chart installs on clusters from 1.25, but its DRA driver needs the
+/// `resource.k8s.io/v1` API (Kubernetes 1.34): on an older cluster
+/// `dra.enabled` is refused naming the cluster's version, not left to fail
+/// at apply with a missing kind; the rest of the chart still renders there.
+#[test]
+fn the_dra_driver_on_a_cluster_before_1_34_is_refused_naming_its_version() {
+    let test = "the_dra_driver_on_a_cluster_before_1_34_is_refused_naming_its_version";
+    let Some(helm) = helm(test) else { return };
+    let chart = chart();
+    let template = |kube: &str, set: &str| {
+        run_helm(
+            &helm,
+            &[
+                "template",
+                RELEASE,
+                chart.to_str().unwrap(),
+                "-n",
+                NS,
+                "--kube-version",
+                kube,
+                "--set",
+                set,
+            ],
+            &[],
+        )
+    };
+    let out = template("1.33.4", "dra.enabled=true");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "rendered on 1.33");
+    assert!(
+        err.contains("dra.enabled needs Kubernetes 1.34") && err.contains("v1.33.4"),
+        "{err}"
+    );
+    for (kube, set) in [
+        ("1.33.4", "dra.enabled=false"),
+        ("1.34.0", "dra.enabled=true"),
+    ] {
+        let out = template(kube, set);
+        assert!(
+            out.status.success(),
+            "{kube} {set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
     let test = "the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name";
