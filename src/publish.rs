@@ -269,14 +269,18 @@ pub fn pass_fits(interfaces: u64, limit_bytes: u64) -> (u64, bool) {
 
 /// Refuses, before anything is read or allocated for it, a node whose
 /// `class/net` under `sysfs_root` holds more interfaces than a pass can
-/// hold within this container's memory limit (cgroup v2 `memory.max` at
-/// `cgroup_file`). No limit (`max`), no file, or an unreadable folder: no
-/// check, the pass finds any error itself.
-pub fn check_node_size(sysfs_root: &Path, cgroup_file: &Path) -> Result<(), NodeTooLarge> {
-    let Some(limit) = fs::read_to_string(cgroup_file)
-        .ok()
-        .and_then(|t| t.trim().parse::<u64>().ok())
-    else {
+/// hold within this container's memory limit: the first of `cgroup_files`
+/// that exists (cgroup v2 `memory.max`, then v1 `memory.limit_in_bytes`,
+/// whose "no limit" is a number too large to matter). No limit (`max`), no
+/// file, or an unreadable folder: no check, the pass finds any error itself.
+pub fn check_node_size(sysfs_root: &Path, cgroup_files: &[&Path]) -> Result<(), NodeTooLarge> {
+    let Some((limit, cgroup_file)) = cgroup_files.iter().find_map(|f| {
+        let text = fs::read_to_string(f).ok()?;
+        Some((text.trim().parse::<u64>().ok(), *f))
+    }) else {
+        return Ok(());
+    };
+    let Some(limit) = limit else {
         return Ok(());
     };
     let class_net = sysfs_root.join("class/net");
@@ -813,20 +817,31 @@ mod tests {
             fs::write(net.join(format!("eth{i}")), "").unwrap();
         }
         let cgroup = dir.path().join("memory.max");
+        let v1 = dir.path().join("memory.limit_in_bytes");
+        let files = [cgroup.as_path(), v1.as_path()];
+        let sys = dir.path().join("sys");
         // 12 interfaces need 18 MiB and a little: 90% of 24 MiB holds them, of 16 not.
         fs::write(&cgroup, format!("{}\n", 24u64 << 20)).unwrap();
-        assert!(check_node_size(&dir.path().join("sys"), &cgroup).is_ok());
+        assert!(check_node_size(&sys, &files).is_ok());
         fs::write(&cgroup, format!("{}\n", 16u64 << 20)).unwrap();
-        let err = check_node_size(&dir.path().join("sys"), &cgroup)
-            .unwrap_err()
-            .to_string();
+        let err = check_node_size(&sys, &files).unwrap_err().to_string();
         assert!(
             err.starts_with("12 network interfaces under ")
-                && err.contains("the 16 MiB memory limit"),
+                && err.contains("the 16 MiB memory limit")
+                && err.contains("memory.max"),
             "{err}"
         );
         fs::write(&cgroup, "max\n").unwrap();
-        assert!(check_node_size(&dir.path().join("sys"), &cgroup).is_ok());
+        assert!(check_node_size(&sys, &files).is_ok());
+        // cgroup v1: read where v2's file is absent, and named.
+        fs::remove_file(&cgroup).unwrap();
+        assert!(check_node_size(&sys, &files).is_ok(), "neither file");
+        fs::write(&v1, format!("{}\n", 16u64 << 20)).unwrap();
+        let err = check_node_size(&sys, &files).unwrap_err().to_string();
+        assert!(err.contains("memory.limit_in_bytes"), "{err}");
+        // v1's "no limit" is the largest page-aligned count, not `max`.
+        fs::write(&v1, "9223372036854771712\n").unwrap();
+        assert!(check_node_size(&sys, &files).is_ok());
     }
 
     #[test]

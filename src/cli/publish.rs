@@ -146,13 +146,17 @@ fn output_folders(args: &PublishArgs) -> (Vec<(&'static str, &Path)>, Result<()>
     (folders, rails)
 }
 
-/// This container's memory limit (cgroup v2, as the container sees its own
-/// cgroup): a node too large for it is refused before a pass reads it.
-const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
+/// Where this container's memory limit is, as the container sees its own
+/// cgroup: v2's `memory.max`, else v1's `memory.limit_in_bytes`. A node too
+/// large for it is refused before a pass reads it.
+const CGROUP_MEMORY_LIMITS: [&str; 2] = [
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+];
 
 /// One publish pass: discover, then write each artifact only if it changed.
 pub fn publish_once(cli: &Cli, args: &PublishArgs) -> Result<()> {
-    publish::check_node_size(&cli.sysfs_root, Path::new(CGROUP_MEMORY_MAX))?;
+    publish::check_node_size(&cli.sysfs_root, &CGROUP_MEMORY_LIMITS.map(Path::new))?;
     let now = pass::now()?;
     let state_dir = args.state_dir.as_path();
     // One tree for the pass and the rail read after it.
