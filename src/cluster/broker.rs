@@ -19,7 +19,7 @@
 //! right within an interval ([`Memo`] keeps what was last confirmed).
 
 use super::error::status_message;
-use super::node_rail_record::{self, NodeRailRecord, GROUP};
+use super::node_rail_record::{self, GROUP};
 use super::{client, code, ClusterError, ConfigMapRef, CONFIGMAP_LIMIT, FIELD_MANAGER};
 use crate::rails::RailRecord;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -78,6 +78,10 @@ struct MemoState {
     /// (where, the record's bytes, the ConfigMap's resourceVersion when
     /// known): the last publication seen on the server or written to it.
     confirmed: Option<(String, String, Option<String>)>,
+    /// The spec the server kept of that publication, where it is not what
+    /// was sent: an API server whose NodeRailRecord CRD is older than this
+    /// release drops the fields it does not know (`railIndex`).
+    kept_spec: Option<serde_json::Value>,
 }
 
 impl Memo {
@@ -116,8 +120,30 @@ impl Memo {
         (t == target && b == bytes).then(|| rv.clone())?
     }
 
+    /// Confirms `bytes` at `target`; what the server kept of it is
+    /// forgotten unless it is the same publication.
     fn set_confirmed(&self, target: &str, bytes: &str, rv: Option<String>) {
-        self.state().confirmed = Some((target.to_string(), bytes.to_string(), rv));
+        let mut s = self.state();
+        let same = s
+            .confirmed
+            .as_ref()
+            .is_some_and(|(t, b, _)| t == target && b == bytes);
+        if !same {
+            s.kept_spec = None;
+        }
+        s.confirmed = Some((target.to_string(), bytes.to_string(), rv));
+    }
+
+    /// What the server kept of the publication confirmed at `target` as
+    /// `bytes`, where it differs from what was sent.
+    fn kept_spec(&self, target: &str, bytes: &str) -> Option<serde_json::Value> {
+        let s = self.state();
+        let (t, b, _) = s.confirmed.as_ref()?;
+        (t == target && b == bytes).then(|| s.kept_spec.clone())?
+    }
+
+    fn set_kept_spec(&self, spec: Option<serde_json::Value>) {
+        self.state().kept_spec = spec;
     }
 }
 
@@ -202,8 +228,9 @@ impl Broker {
                 ),
             }
         }
-        self.send(target, node, &record, &text)?;
+        let kept = self.send(target, node, &record, &text)?;
         self.memo.set_confirmed(&place, &text, None);
+        self.memo.set_kept_spec(kept);
         Ok(())
     }
 
@@ -229,22 +256,25 @@ impl Broker {
             Target::CustomResource(_) => {
                 let request = format!("GET NodeRailRecord {node}");
                 let want = (!empty).then_some(record);
+                let kept = self.memo.kept_spec(&target.to_string(), text);
+                let kept = kept.as_ref();
                 let held = client::run(&self.settings.client, &request, |c| async move {
-                    record_holds(&c, node, want).await
+                    record_holds(&c, node, want, kept).await
                 })?;
                 Ok(held.then_some(None))
             }
         }
     }
 
-    /// Sends one publication (see [`Broker::publish`]).
+    /// Sends one publication (see [`Broker::publish`]); for a NodeRailRecord
+    /// the server kept short of some field, the spec it kept.
     fn send(
         &self,
         target: &Target,
         node: &str,
         record: &RailRecord,
         text: &str,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<Option<serde_json::Value>, ClusterError> {
         let empty = record.nics.is_empty();
         match target {
             Target::ConfigMap(cm) => {
@@ -278,21 +308,33 @@ impl Broker {
                     true => format!("DELETE NodeRailRecord {node}"),
                     false => format!("APPLY NodeRailRecord {node}"),
                 };
-                client::run(&self.settings.client, &request, |c| async move {
+                let kept = client::run(&self.settings.client, &request, |c| async move {
                     if empty {
-                        delete_record(&c, node).await
+                        delete_record(&c, node).await.map(|()| None)
                     } else {
-                        apply_record(&c, node, record).await
+                        apply_record(&c, node, record).await.map(Some)
                     }
                 })?;
-                if empty {
+                let Some(kept) = kept else {
                     tracing::info!("no rail on this node: NodeRailRecord {node} deleted ({GROUP})");
-                } else {
-                    tracing::info!("applied NodeRailRecord {node} ({GROUP})");
+                    return Ok(None);
+                };
+                tracing::info!("applied NodeRailRecord {node} ({GROUP})");
+                let sent = &node_rail_record::object(node, record)["spec"];
+                if kept != *sent {
+                    let dropped = dropped_fields(sent, &kept);
+                    tracing::warn!(
+                        "the API server kept NodeRailRecord {node} without {}: its NodeRailRecord CRD is older than this release's; \
+                         apply this release's CRD (`nodefabric crd`, deploy/crds/, the chart's crds/: `helm upgrade` does not update CRDs). \
+                         Until then the record is published without them, and compared as the server keeps it",
+                        dropped.join(", ")
+                    );
+                    return Ok(Some(kept));
                 }
+                return Ok(None);
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -344,11 +386,14 @@ pub async fn configmap_holds(
 
 /// Whether NodeRailRecord `node` is exactly what applying `want` would make
 /// it (its spec, its Node owner, its labels), or absent for `None` (RBAC:
-/// `get` on noderailrecords).
+/// `get` on noderailrecords). `kept` is the spec this server kept of `want`
+/// when applied, where its CRD dropped fields of it; the spec is compared
+/// with that.
 pub async fn record_holds(
     client: &Client,
     node: &str,
     want: Option<&RailRecord>,
+    kept: Option<&serde_json::Value>,
 ) -> Result<bool, ClusterError> {
     let api = node_rail_record::records_untyped(client);
     let current = match api.get(node).await {
@@ -380,7 +425,44 @@ pub async fn record_holds(
         .iter()
         .flatten()
         .any(|r| r.kind == "Node" && r.api_version == "v1" && r.uid == want.node_uid);
-    Ok(labels_held && owner_held && current.data.get("spec") == Some(&wanted["spec"]))
+    let spec = kept.unwrap_or(&wanted["spec"]);
+    Ok(labels_held && owner_held && current.data.get("spec") == Some(spec))
+}
+
+/// The fields of `sent` that `kept` lacks, by their path (`railIndex`,
+/// `nics[0].x`): what the server dropped.
+fn dropped_fields(sent: &serde_json::Value, kept: &serde_json::Value) -> Vec<String> {
+    use serde_json::Value;
+    fn walk(sent: &Value, kept: &Value, at: &str, out: &mut Vec<String>) {
+        match (sent, kept) {
+            (Value::Object(s), Value::Object(k)) => {
+                for (key, v) in s {
+                    let path = if at.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{at}.{key}")
+                    };
+                    match k.get(key) {
+                        Some(kv) => walk(v, kv, &path, out),
+                        None => out.push(path),
+                    }
+                }
+            }
+            (Value::Array(s), Value::Array(k)) => {
+                for (i, (v, kv)) in s.iter().zip(k).enumerate() {
+                    walk(v, kv, &format!("{at}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(sent, kept, "", &mut out);
+    if out.is_empty() {
+        // Not a dropped field but a changed value: say so, not nothing.
+        out.push("the spec as sent".to_string());
+    }
+    out
 }
 
 /// Reads `metadata.uid` of Node `name` (RBAC: `get` on nodes): the record's
@@ -472,13 +554,14 @@ pub async fn apply_record(
     client: &Client,
     node: &str,
     record: &RailRecord,
-) -> Result<(), ClusterError> {
-    let api: Api<NodeRailRecord> = Api::all(client.clone());
+) -> Result<serde_json::Value, ClusterError> {
+    let api = node_rail_record::records_untyped(client);
     let object = node_rail_record::object(node, record);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let request = format!("APPLY NodeRailRecord {node}");
     match api.patch(node, &params, &Patch::Apply(&object)).await {
-        Ok(_) => Ok(()),
+        // The spec as the server keeps it (its CRD may drop fields).
+        Ok(o) => Ok(o.data.get("spec").cloned().unwrap_or_default()),
         Err(e) => Err(node_rail_record::record_error(
             request,
             "`patch` (and `create`) on noderailrecords",

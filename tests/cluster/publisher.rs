@@ -343,3 +343,71 @@ fn server_side_loss_of_a_node_rail_record_is_restored_within_an_interval_not_hid
     publisher.kill().unwrap();
     publisher.wait().unwrap();
 }
+
+/// After `helm upgrade` (which leaves CRDs as they are) the server's
+/// NodeRailRecord CRD may be older than the publisher and prune `railIndex`
+/// from what it keeps. The publisher says so once, naming the field and the
+/// fix, and compares later passes with what the server kept: it does not
+/// apply again, read its Node again and warn on every pass.
+#[test]
+fn an_older_crd_that_prunes_rail_index_is_named_once_not_reapplied_every_pass() {
+    let w = World::new();
+    w.api.add_node("node-a");
+    w.api.install_crd_without("railIndex");
+    let mut c = w.publish_as(&w.broker_kubeconfig, "");
+    c.args([
+        "--interval",
+        "1s",
+        "--health-addr",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    c.arg("--lldp-json").arg(w.dir.join("lldp.json"));
+    c.args(RAIL_ARGS)
+        .args(["--node-name", "node-a", "--rails-record", "custom-resource"]);
+    let mut publisher = w.spawn_logged(&mut c, "publisher.log");
+    wait::until("the record is applied", || w.nrr("node-a"), Option::is_some);
+    let applies = || {
+        w.api
+            .log()
+            .into_iter()
+            .filter(|l| l.method == "PATCH" && l.path == format!("{NRR_PATH}/node-a"))
+            .collect::<Vec<_>>()
+    };
+    let first = applies();
+    assert_eq!(first.len(), 1);
+    assert!(
+        first[0].body.contains("railIndex"),
+        "the record sent has rail indices: {}",
+        first[0].body
+    );
+    assert!(
+        w.nrr("node-a").unwrap()["spec"].get("railIndex").is_none(),
+        "the server pruned them"
+    );
+    // Three more passes.
+    let log = w.dir.join("publisher.log");
+    wait::until(
+        "three more passes",
+        || fs::read_to_string(&log).unwrap_or_default(),
+        |t| {
+            t.lines()
+                .filter(|l| l.contains("publish pass") && l.ends_with("finished"))
+                .count()
+                >= 4
+        },
+    );
+    publisher.kill().unwrap();
+    publisher.wait().unwrap();
+    assert_eq!(applies().len(), 1, "applied again although nothing changed");
+    let text = fs::read_to_string(&log).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("NodeRailRecord"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("without railIndex") && warnings[0].contains("CRD is older"),
+        "{}",
+        warnings[0]
+    );
+}

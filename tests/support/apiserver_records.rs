@@ -120,9 +120,30 @@ impl ApiServer {
     /// Installs the NodeRailRecord CRD from deploy/crds/: from now on the
     /// server serves the resource and validates objects against its schema.
     pub fn install_crd(&self) {
+        self.install_crd_lacking(None);
+    }
+
+    /// Installs the CRD of an earlier release, whose spec did not have
+    /// `field` yet: the server prunes it from every object it keeps, as a
+    /// structural schema's unknown fields are pruned (and `helm upgrade`
+    /// leaves such a CRD in place).
+    pub fn install_crd_without(&self, field: &str) {
+        self.install_crd_lacking(Some(field));
+    }
+
+    fn install_crd_lacking(&self, field: Option<&str>) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds/noderailrecords.yaml");
         let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+        let mut schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+        if let Some(field) = field {
+            let props = schema["properties"]["spec"]["properties"]
+                .as_object_mut()
+                .expect("the spec's properties");
+            assert!(props.remove(field).is_some(), "the CRD has no spec.{field}");
+            if let Some(required) = schema["properties"]["spec"]["required"].as_array_mut() {
+                required.retain(|r| r != field);
+            }
+        }
         let validator = jsonschema::validator_for(&schema).expect("the CRD's schema compiles");
         self.with(|s| s.crd = Some(Arc::new(Crd { validator, schema })));
     }
