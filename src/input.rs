@@ -109,23 +109,7 @@ pub fn open_file(
     max: u64,
     what: &str,
 ) -> Result<std::io::Take<std::fs::File>, InputError> {
-    let io = |cause| InputError::Io {
-        path: path.to_path_buf(),
-        cause,
-    };
-    let planned = std::fs::metadata(path).map_err(io)?.file_type();
-    if !planned.is_file() {
-        return Err(InputError::NotAFile {
-            path: path.to_path_buf(),
-            kind: kind_of(planned),
-        });
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
+    let (file, meta) = open_checked(path, Pipes::Refuse)?;
     if !meta.file_type().is_file() {
         return Err(InputError::NotAFile {
             path: path.to_path_buf(),
@@ -139,7 +123,38 @@ pub fn open_file(
             what: what.to_string(),
         });
     }
-    Ok(std::io::Read::take(file, max + 1))
+    Ok(std::io::Read::take(file, max.saturating_add(1)))
+}
+
+/// Opens `path` to read, refusing unopened anything but a regular file (or
+/// a FIFO, as `pipes` allows), without blocking; the open file and its own
+/// metadata, whose type the caller checks again: what was opened cannot
+/// change under it, the path can.
+pub(crate) fn open_checked(
+    path: &Path,
+    pipes: Pipes,
+) -> Result<(std::fs::File, std::fs::Metadata), InputError> {
+    let io = |cause| InputError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    // The type first, so that a device (a link planted to a watchdog, say)
+    // is refused unopened: opening some devices acts on them.
+    let planned = std::fs::metadata(path).map_err(io)?.file_type();
+    if !(planned.is_file() || (planned.is_fifo() && pipes != Pipes::Refuse)) {
+        return Err(InputError::NotAFile {
+            path: path.to_path_buf(),
+            kind: kind_of(planned),
+        });
+    }
+    // Non-blocking, so that opening a FIFO does not wait for a writer.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    Ok((file, meta))
 }
 
 /// [`read_bytes`] and [`read_file`]: the bytes and the open file's metadata.
@@ -158,23 +173,7 @@ fn read_opened(
         max,
         what: what.to_string(),
     };
-    // The type first, so that a device (a link planted to a watchdog, say)
-    // is refused unopened: opening some devices acts on them.
-    let planned = std::fs::metadata(path).map_err(io)?.file_type();
-    if !(planned.is_file() || (planned.is_fifo() && pipes != Pipes::Refuse)) {
-        return Err(InputError::NotAFile {
-            path: path.to_path_buf(),
-            kind: kind_of(planned),
-        });
-    }
-    // Non-blocking, so that opening a FIFO does not wait for a writer. The
-    // type is asked again of what was opened, which cannot change under us.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
+    let (file, meta) = open_checked(path, pipes)?;
     let ft = meta.file_type();
     let bytes = match (ft.is_file(), ft.is_fifo(), pipes) {
         // Already past the cap: refused unread.

@@ -477,31 +477,18 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool> {
 }
 
 /// True when the file at `path` holds exactly `bytes`, compared a block at
-/// a time: the old file is not read whole beside the new bytes (a 7.4 MB
-/// CDI spec at 10,000 endpoints was, at the publisher's peak). What cannot
-/// be read as a file (a FIFO, a folder, something longer than the new
-/// bytes, so different anyway) is not the same.
+/// a time through [`SameAs`]: the old file is not read whole beside the new
+/// bytes (a 7.4 MB CDI spec at 10,000 endpoints was, at the publisher's
+/// peak). What cannot be read as a file (a FIFO, a folder) is not the same.
 fn file_holds(path: &Path, bytes: &[u8]) -> bool {
-    use std::io::Read;
-    let Ok(mut file) = crate::input::open_file(path, bytes.len() as u64, "a file of ours") else {
+    let Some(mut same) = SameAs::open(path) else {
         return false;
     };
-    let mut block = vec![0u8; (64 << 10).min(bytes.len() + 1)];
-    let mut at = 0;
-    loop {
-        let n = match file.read(&mut block) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
-        };
-        if n == 0 {
-            return at == bytes.len();
-        }
-        if bytes.get(at..at + n) != Some(&block[..n]) {
-            return false;
-        }
-        at += n;
-    }
+    // In blocks: SameAs reads as much of the file as each write holds.
+    bytes
+        .chunks(SAME_AS_BLOCK)
+        .all(|block| same.write_all(block).is_ok())
+        && same.matched_to_end()
 }
 
 /// Writes what `write` produces into `dir/name` only when it differs from
@@ -526,6 +513,9 @@ pub fn write_streamed_if_changed(
     Ok(true)
 }
 
+/// How much of the file [`SameAs`] reads at a time.
+const SAME_AS_BLOCK: usize = 64 * 1024;
+
 /// A writer that compares what is written to it with a file's bytes, in
 /// order, reading the file a buffer at a time.
 struct SameAs {
@@ -541,17 +531,9 @@ impl SameAs {
     /// The regular file at `path`, opened without blocking on a FIFO;
     /// `None` when it is missing, not a regular file, or unreadable.
     fn open(path: &Path) -> Option<SameAs> {
-        use std::os::unix::fs::OpenOptionsExt;
-        if !fs::metadata(path).ok()?.is_file() {
-            return None;
-        }
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-            .ok()?;
-        file.metadata().ok()?.is_file().then(|| SameAs {
-            file: std::io::BufReader::with_capacity(64 * 1024, file),
+        let (file, meta) = crate::input::open_checked(path, crate::input::Pipes::Refuse).ok()?;
+        meta.is_file().then(|| SameAs {
+            file: std::io::BufReader::with_capacity(SAME_AS_BLOCK, file),
             same: true,
             chunk: Vec::new(),
         })
