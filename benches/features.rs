@@ -307,19 +307,12 @@ fn timing() {
             e if e > 100 => MID_RUNS,
             _ => RUNS,
         };
-        // sysfs lives in memory, so the tree does too (tmpfs) where available
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let tree = dir.path().join("sys");
-        fixtures::large(&tree, endpoints);
-        check_lspci_reads(&tree);
-        let (_, list) = floor::reads_of_nodefabric(&tree, &dir.path().join("nodefabric.strace"));
-        let manifest = dir.path().join("manifest");
-        fs::write(&manifest, floor::manifest_text(&tree, &list)).unwrap();
+        let site = floor::site(endpoints);
+        let (dir, tree, list, manifest) = (&site.dir, &site.tree, &site.list, &site.manifest);
+        check_lspci_reads(tree);
         // warm the page cache and both programs' pages
-        run_once(&tree);
-        floor_once(&floor, &manifest, &tree);
+        run_once(tree);
+        floor_once(&floor, manifest, tree);
         let (mut times, mut floors, mut ratios, mut rss, mut floor_rss) =
             (Vec::new(), Vec::new(), Vec::new(), 0, 0);
         let mut tool_times: Vec<Option<Vec<Duration>>> = TOOLS
@@ -331,11 +324,11 @@ fn timing() {
             // after the tools (or after the other) pays for the caches they
             // left cold, and it must not always be the same one.
             let (ours, base) = if round % 2 == 0 {
-                let ours = run_once(&tree);
-                (ours, floor_once(&floor, &manifest, &tree))
+                let ours = run_once(tree);
+                (ours, floor_once(&floor, manifest, tree))
             } else {
-                let base = floor_once(&floor, &manifest, &tree);
-                (run_once(&tree), base)
+                let base = floor_once(&floor, manifest, tree);
+                (run_once(tree), base)
             };
             ratios.push(ours.wall.as_secs_f64() / base.wall.as_secs_f64());
             times.push(ours.wall);
@@ -439,19 +432,19 @@ fn strace_counts() {
     let mut shapes = Vec::new();
     let mut extras = Vec::new();
     for endpoints in [8, 512] {
-        let dir = tempfile::tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let tree = dir.path().canonicalize().unwrap().join("sys");
-        fixtures::large(&tree, endpoints);
-        let (a, list) = floor::reads_of_nodefabric(&tree, &dir.path().join("nodefabric.strace"));
-        let manifest = dir.path().join("manifest");
-        fs::write(&manifest, floor::manifest_text(&tree, &list)).unwrap();
+        let site = floor::site(endpoints);
+        let (dir, tree, a, list, manifest) = (
+            &site.dir,
+            &site.tree,
+            &site.trace,
+            &site.list,
+            &site.manifest,
+        );
         let mut base = Command::new(&floor);
-        base.arg(&manifest).arg(&tree);
-        let b = strace::traced(&base, &dir.path().join("floor.strace"), &tree);
-        let by_shape = floor::same_reads(&a, &b);
-        for (name, t) in [("nodefabric features", &a), ("floor", &b)] {
+        base.arg(manifest).arg(tree);
+        let b = strace::traced(&base, &dir.path().join("floor.strace"), tree);
+        let by_shape = floor::same_reads(a, &b);
+        for (name, t) in [("nodefabric features", a), ("floor", &b)] {
             let row = format!(
                 "| {endpoints} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.total,

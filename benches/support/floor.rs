@@ -9,30 +9,19 @@ use std::process::Command;
 
 use super::strace::{self, Trace};
 
-/// The floor's source. Its manifest holds one path a line under the root
-/// given second, `F` (open, read, close) or `L` (readlink) before it. The
-/// manifest is read with one `read`, so the floor's own bookkeeping costs
-/// four calls (open, fstat, read, close); each file is read until a short read (sysfs attributes and
-/// tmpfs files return all they hold at once, as nodefabric also assumes),
-/// and any path that cannot be read stops it with status 1, so a floor
-/// that exits 0 read every path. Built with the system C compiler as
-/// anyone would build it (`cc -O2`, dynamic), so it pays one ordinary
-/// process start as nodefabric does.
+/// The floor's source, after [`READ_LIST`]. Its manifest holds one path a
+/// line under the root given second, `F` (open, read, close) or `L`
+/// (readlink) before it, and is read by `read_list` (four calls); each file
+/// is read until a short read (sysfs attributes and tmpfs files return all
+/// they hold at once, as nodefabric also assumes), and any path that cannot
+/// be read stops it with status 1, so a floor that exits 0 read every path.
+/// Dynamic, so it pays one ordinary process start as nodefabric does.
 const SOURCE: &str = r#"
-#include <fcntl.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
-    int m = open(argv[1], O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (m < 0 || fstat(m, &st) != 0) return 1;
-    char *list = malloc(st.st_size + 1);
-    if (!list || read(m, list, st.st_size) != st.st_size) return 1;
-    close(m);
-    list[st.st_size] = 0;
+    char *list = read_list(argv[1]);
+    if (!list) return 1;
     size_t root = strlen(argv[2]);
     static char path[8192], buf[65536];
     if (root + 2 >= sizeof path) return 1;
@@ -65,19 +54,82 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Compiles the floor into `dir`; the path of the program.
-pub fn build(dir: &Path) -> PathBuf {
-    let src = dir.join("floor.c");
-    let bin = dir.join("floor");
-    fs::write(&src, SOURCE).unwrap();
+/// What every C program of these benches starts with: `_GNU_SOURCE` (the
+/// replayer's `openat2` needs it) and `read_list`, which reads a list file
+/// whole with one `read`: open, fstat, read, close, the program's whole
+/// bookkeeping.
+const READ_LIST: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static char *read_list(const char *path) {
+    int m = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (m < 0 || fstat(m, &st) != 0) return 0;
+    char *list = malloc(st.st_size + 1);
+    if (!list || read(m, list, st.st_size) != st.st_size) return 0;
+    close(m);
+    list[st.st_size] = 0;
+    return list;
+}
+"#;
+
+/// Compiles [`READ_LIST`] and `body` into `dir/name` with the system C
+/// compiler as anyone would build it (`cc -O2`, dynamic); the program's path.
+pub fn compile(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    fs::write(&src, format!("{READ_LIST}{body}")).unwrap();
     let status = Command::new("cc")
         .args(["-O2", "-o"])
         .arg(&bin)
         .arg(&src)
         .status()
-        .expect("cc (the floor is C)");
-    assert!(status.success(), "cc failed on the floor");
+        .expect("cc (the benches' helper programs are C)");
+    assert!(status.success(), "cc failed on {name}.c");
     bin
+}
+
+/// Compiles the floor into `dir`; the path of the program.
+pub fn build(dir: &Path) -> PathBuf {
+    compile(dir, "floor", SOURCE)
+}
+
+/// A generated tree, what `nodefabric features` read on it, and the
+/// floor's list of that, written for it.
+pub struct Site {
+    /// Holds `sys/` (the tree), the list and the traces; removed on drop.
+    pub dir: tempfile::TempDir,
+    /// The tree, by its canonical path (as strace prints it).
+    pub tree: PathBuf,
+    /// nodefabric's run under strace.
+    pub trace: Trace,
+    /// What it read, each once, in its order (see [`reads_of_nodefabric`]).
+    pub list: Vec<(String, bool)>,
+    /// The list as the floor takes it.
+    pub manifest: PathBuf,
+}
+
+/// [`Site`] for `fixtures::large(endpoints)`, on tmpfs (sysfs lives in
+/// memory) where there is one.
+pub fn site(endpoints: u32) -> Site {
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let tree = dir.path().canonicalize().unwrap().join("sys");
+    crate::fixtures::large(&tree, endpoints);
+    let (trace, list) = reads_of_nodefabric(&tree, &dir.path().join("nodefabric.strace"));
+    let manifest = dir.path().join("manifest");
+    fs::write(&manifest, manifest_text(&tree, &list)).unwrap();
+    Site {
+        dir,
+        tree,
+        trace,
+        list,
+        manifest,
+    }
 }
 
 /// What `nodefabric features --sysfs-root root` read, from one run of it

@@ -13,31 +13,21 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use crate::{fixtures, floor, load, measured, quantile, report, run_once};
+use crate::{floor, load, measured, quantile, report, run_once, strace};
 
-/// The replayer. Its list: one call a line, `KIND FLAGS RESOLVE PATH`,
+/// The replayer, after `floor::compile`'s `read_list`. Its list: one call a line, `KIND FLAGS RESOLVE PATH`,
 /// KIND `F` (open, read, close), `D` (open, list to the end, close), `P`
 /// (open, close), `L` (readlinkat; flags unused); the paths under the root
 /// given second, opened as nodefabric opens them (beneath a handle on the
 /// root). A failed open is made and fails as it did.
 const SOURCE: &str = r#"
-#define _GNU_SOURCE
-#include <fcntl.h>
 #include <linux/openat2.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <unistd.h>
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
-    int m = open(argv[1], O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (m < 0 || fstat(m, &st) != 0) return 1;
-    char *list = malloc(st.st_size + 1);
-    if (!list || read(m, list, st.st_size) != st.st_size) return 1;
-    close(m);
-    list[st.st_size] = 0;
+    char *list = read_list(argv[1]);
+    if (!list) return 1;
     int root = open(argv[2], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) return 1;
     static char buf[8192];
@@ -142,29 +132,17 @@ fn calls(log: &str, root: &Path) -> Vec<String> {
 
 /// Runs the replay study at `endpoints`; its table rows.
 fn study(endpoints: u32, rounds: usize, replayer: &Path, floor_bin: &Path) -> Vec<String> {
-    let dir = tempfile::tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .unwrap();
-    let tree = dir.path().canonicalize().unwrap().join("sys");
-    fixtures::large(&tree, endpoints);
-    let (_, list) = floor::reads_of_nodefabric(&tree, &dir.path().join("reads.strace"));
-    let manifest = dir.path().join("manifest");
-    fs::write(&manifest, floor::manifest_text(&tree, &list)).unwrap();
+    let site = floor::site(endpoints);
+    let (dir, tree) = (&site.dir, &site.tree);
     let log = dir.path().join("calls.strace");
-    let status = Command::new("strace")
-        .args(["-f", "-e", "trace=openat,openat2,readlinkat", "-o"])
-        .arg(&log)
-        .arg(env!("CARGO_BIN_EXE_nodefabric"))
-        .args(["features", "--sysfs-root"])
-        .arg(&tree)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("strace (on PATH)");
-    assert!(status.success(), "nodefabric under strace failed");
-    let all = calls(&fs::read_to_string(&log).unwrap(), &tree);
+    let mut ours = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+    ours.args(["features", "--sysfs-root"]).arg(tree);
+    strace::run(
+        &ours,
+        &["-f", "-e", "trace=openat,openat2,readlinkat"],
+        &log,
+    );
+    let all = calls(&fs::read_to_string(&log).unwrap(), tree);
     let write = |name: &str, keep: &dyn Fn(&str) -> bool| {
         let path = dir.path().join(name);
         let text: String = all
@@ -191,19 +169,16 @@ fn study(endpoints: u32, rounds: usize, replayer: &Path, floor_bin: &Path) -> Ve
         ),
     ];
     // Rotating order: nodefabric, each replay, the floor.
-    let mut commands: Vec<Command> = Vec::new();
-    let mut ours = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
-    ours.args(["features", "--sysfs-root"]).arg(&tree);
-    commands.push(ours);
+    let mut commands = vec![ours];
     for (_, list) in &variants {
         let mut c = Command::new(replayer);
-        c.arg(list).arg(&tree);
+        c.arg(list).arg(tree);
         commands.push(c);
     }
     let mut base = Command::new(floor_bin);
-    base.arg(&manifest).arg(&tree);
+    base.arg(&site.manifest).arg(tree);
     commands.push(base);
-    run_once(&tree);
+    run_once(tree);
     let n = commands.len();
     let mut times = vec![Vec::new(); n];
     for round in 0..rounds {
@@ -247,16 +222,7 @@ fn study(endpoints: u32, rounds: usize, replayer: &Path, floor_bin: &Path) -> Ve
 /// `--replay`: the study at 8 and 512 endpoints; writes its section.
 pub fn replay() {
     let work = tempfile::tempdir().unwrap();
-    let src = work.path().join("replay.c");
-    let replayer = work.path().join("replay");
-    fs::write(&src, SOURCE).unwrap();
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&replayer)
-        .arg(&src)
-        .status()
-        .expect("cc");
-    assert!(status.success(), "cc failed on the replayer");
+    let replayer = floor::compile(work.path(), "replay", SOURCE);
     let floor_bin = floor::build(work.path());
     let before = load();
     let mut rows = study(8, 201, &replayer, &floor_bin);

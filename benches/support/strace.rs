@@ -164,15 +164,16 @@ fn count_trace(log: &str, root: &Path) -> Trace {
     t
 }
 
-/// Runs `cmd` under strace ([`STRACE_SET`], following threads, fds shown
-/// with their paths), its log in `log`; the counts against `root`.
-pub fn traced(cmd: &Command, log: &Path, root: &Path) -> Trace {
+/// Runs `cmd` under strace with `options` (which calls, how shown), its
+/// log in `log`, in the environment a hook gets, not cargo's (see
+/// `clean_env`); `cmd` must succeed.
+pub fn run(cmd: &Command, options: &[&str], log: &Path) {
     let status = Command::new("strace")
-        .args(["-f", "-y", "-e", STRACE_SET, "-o"])
+        .args(options)
+        .arg("-o")
         .arg(log)
         .arg(cmd.get_program())
         .args(cmd.get_args())
-        // the environment a hook gets, not cargo's (see `clean_env`)
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .stdout(std::process::Stdio::null())
@@ -180,6 +181,12 @@ pub fn traced(cmd: &Command, log: &Path, root: &Path) -> Trace {
         .status()
         .expect("strace (on PATH)");
     assert!(status.success(), "{cmd:?} under strace failed");
+}
+
+/// Runs `cmd` under strace ([`STRACE_SET`], following threads, fds shown
+/// with their paths), its log in `log`; the counts against `root`.
+pub fn traced(cmd: &Command, log: &Path, root: &Path) -> Trace {
+    run(cmd, &["-f", "-y", "-e", STRACE_SET], log);
     count_trace(&fs::read_to_string(log).unwrap(), root)
 }
 
