@@ -522,6 +522,23 @@ fn main() {
                 args[3].parse().expect("endpoint count"),
             );
         }
+        // `--site N`: the N-endpoint tree, the floor's list of what
+        // nodefabric read on it and the floor itself, kept for timing by
+        // hand (`FLOOR MANIFEST TREE` against `nodefabric features
+        // --sysfs-root TREE`); prints where they are.
+        Some("--site") => {
+            let site = floor::site(args[2].parse().expect("endpoint count"));
+            let floor = floor::build(site.dir.path());
+            let (tree, manifest) = (site.tree.clone(), site.manifest.clone());
+            let kept = site.dir.keep();
+            println!(
+                "{}\nfloor: {} {} {}",
+                kept.display(),
+                floor.display(),
+                manifest.display(),
+                tree.display()
+            );
+        }
         _ => timing(),
     }
 }

@@ -327,15 +327,36 @@ impl Walk<'_> {
         pf_dev: &str,
         pf: &Interface,
     ) -> Result<Vec<Interface>, SysError> {
+        if let Some(links) = vf_links_counted(self.root, pf_dev, pf) {
+            if let Some(vfs) = self.vfs_linked(pf_dev, pf, &links, true) {
+                return Ok(vfs);
+            }
+        }
+        let links = vf_links_listed(self.root, pf_dev)?;
+        Ok(self
+            .vfs_linked(pf_dev, pf, &links, false)
+            .expect("only a counted link is refused"))
+    }
+
+    /// The VFs behind the PF's `links`. `counted` says the names came from
+    /// the count of enabled VFs, not from a listing: then a link that is
+    /// not there means the count and the links disagree, and `None` sends
+    /// the caller to the folder's own listing.
+    fn vfs_linked(
+        &mut self,
+        pf_dev: &str,
+        pf: &Interface,
+        links: &[String],
+        counted: bool,
+    ) -> Option<Vec<Interface>> {
         let root = self.root;
-        let entries = root.list(pf_dev)?;
         // Sized once: an interface is large, and growing a PF's list of tens
         // of VFs moved every one of them several times.
-        let mut vfs =
-            Vec::with_capacity(entries.iter().filter(|e| e.starts_with("virtfn")).count());
-        for entry in entries.iter().filter(|e| e.starts_with("virtfn")) {
+        let mut vfs = Vec::with_capacity(links.len());
+        for entry in links {
             let vf_dev = match root.resolve(&join(pf_dev, entry)) {
                 Ok(d) => d,
+                Err(e) if counted && e.is_not_found() => return None,
                 Err(e) => {
                     // The link still names the VF's PCI address: a placeholder
                     // under that address lets the previous record fill it in, so
@@ -390,8 +411,36 @@ impl Walk<'_> {
             vf.topology = pf.topology.clone();
             vfs.push(vf);
         }
-        Ok(by_address(vfs))
+        Some(by_address(vfs))
     }
+}
+
+/// A PF's `virtfnN` link names from its count of enabled VFs, without
+/// listing its folder (hundreds of entries on a NIC with many VFs): the
+/// PCI core names the links of the N VFs it enabled `virtfn0` to
+/// `virtfn{N-1}`, so `virtfnN` must be absent, which one call checks.
+/// `None` when the count was not read or the check fails: the caller
+/// lists the folder.
+fn vf_links_counted(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Option<Vec<String>> {
+    let counted = pf
+        .unreadable
+        .iter()
+        .all(|u| u.fact != Fact::VirtualFunctionsConfigured);
+    let n = pf.virtual_functions_configured;
+    if !counted || n == 0 {
+        return None;
+    }
+    match root.has_entry(&join(pf_dev, &format!("virtfn{n}"))) {
+        Ok(false) => Some((0..n).map(|i| format!("virtfn{i}")).collect()),
+        _ => None,
+    }
+}
+
+/// A PF's `virtfnN` link names from its folder's listing.
+fn vf_links_listed(root: &SysRoot, pf_dev: &str) -> Result<Vec<String>, SysError> {
+    let mut entries = root.list(pf_dev)?;
+    entries.retain(|e| e.starts_with("virtfn"));
+    Ok(entries)
 }
 
 /// Whether a function's folder can hold `virtfnN` links, from the SR-IOV

@@ -89,40 +89,33 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
         ports,
         first_seen: None,
     };
-    let ports = match root.list(&ports_dir) {
-        Ok(p) if p.is_empty() => return unverified(format!("{ports_dir}: no ports"), vec![]),
-        Ok(p) => p,
-        Err(e) => return unverified(format!("cannot list ports: {e}"), vec![]),
+    let readings = match numbered_ports(root, &ports_dir) {
+        Some(readings) => readings,
+        None => match root.list(&ports_dir) {
+            Ok(p) if p.is_empty() => return unverified(format!("{ports_dir}: no ports"), vec![]),
+            // Exactly one reading per port: grown from empty, one port took
+            // room for four (3.8 MB at 10,000 endpoints).
+            Ok(p) => p
+                .into_iter()
+                .map(|port| read_port(root, &ports_dir, port))
+                .collect(),
+            Err(e) => return unverified(format!("cannot list ports: {e}"), vec![]),
+        },
     };
-    // Exactly one reading per port: grown from empty, one port took room
-    // for four (3.8 MB at 10,000 endpoints).
-    let mut readings = Vec::with_capacity(ports.len());
-    let mut unreadable = Vec::new();
-    let mut up = false;
-    for port in ports {
-        let dir = join(&ports_dir, &port);
-        let state = root.read_trimmed(&join(&dir, "state"));
-        let phys = root.read_trimmed(&join(&dir, "phys_state"));
-        if let (Ok(s), Ok(p)) = (&state, &phys) {
-            up |= enum_name(s) == "ACTIVE" && enum_name(p) == "LinkUp";
-        }
-        for e in [&state, &phys].into_iter().filter_map(|r| r.as_ref().err()) {
-            unreadable.push(e.to_string());
-        }
-        // For the DRA `linkLayer` attribute only: not part of the verdict.
-        let link_layer = root.read_trimmed(&join(&dir, "link_layer")).ok();
-        readings.push(PortReading {
-            port,
-            state: state.ok(),
-            phys_state: phys.ok(),
-            link_layer,
-        });
-    }
+    let up = readings.iter().any(|r| {
+        matches!((&r.state, &r.phys_state), (Ok(s), Ok(p)) if enum_name(s) == "ACTIVE" && enum_name(p) == "LinkUp")
+    });
+    let unreadable: Vec<String> = readings
+        .iter()
+        .flat_map(|r| [&r.state, &r.phys_state])
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .collect();
+    let ports = readings.into_iter().map(Port::into_reading).collect();
     if up {
         LinkVerdict {
             state: LinkState::Ok,
             reason: None,
-            ports: readings,
+            ports,
             first_seen: None,
         }
     } else if !unreadable.is_empty() {
@@ -131,16 +124,75 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
                 "no port carries the link, and some could not be read: {}",
                 unreadable.join("; ")
             ),
-            readings,
+            ports,
         )
     } else {
         LinkVerdict {
             state: LinkState::Failed,
             reason: Some("no port is ACTIVE with physical state LinkUp".into()),
-            ports: readings,
+            ports,
             first_seen: None,
         }
     }
+}
+
+/// One port's attributes as read, errors kept for the verdict's reason.
+struct Port {
+    name: String,
+    state: Result<String, SysError>,
+    phys_state: Result<String, SysError>,
+    link_layer: Option<String>,
+}
+
+impl Port {
+    /// The port as the record keeps it.
+    fn into_reading(self) -> PortReading {
+        PortReading {
+            port: self.name,
+            state: self.state.ok(),
+            phys_state: self.phys_state.ok(),
+            // For the DRA `linkLayer` attribute only: not part of the verdict.
+            link_layer: self.link_layer,
+        }
+    }
+}
+
+/// Reads port `name` under `ports_dir`.
+fn read_port(root: &SysRoot, ports_dir: &str, name: String) -> Port {
+    let dir = join(ports_dir, &name);
+    Port {
+        state: root.read_trimmed(&join(&dir, "state")),
+        phys_state: root.read_trimmed(&join(&dir, "phys_state")),
+        link_layer: root.read_trimmed(&join(&dir, "link_layer")).ok(),
+        name,
+    }
+}
+
+/// The ports of an RDMA device found without listing `ports_dir`: the
+/// kernel numbers a channel adapter's ports 1 to N with no gap (its port
+/// folders are made for each port from the first to the last), so port 1
+/// is read at once and each next number is asked for until one is not
+/// there: one call past the last port, where a listing costs four.
+/// `None` when port 1 has no `state` (a switch numbers its one port 0, a
+/// damaged tree may lack it) or a next port cannot be asked for: the
+/// caller lists the folder, which names any fault. Sorted as a listing
+/// sorts them, so either way gives the same record.
+fn numbered_ports(root: &SysRoot, ports_dir: &str) -> Option<Vec<Port>> {
+    let first = read_port(root, ports_dir, "1".to_string());
+    if first.state.as_ref().is_err_and(SysError::is_not_found) {
+        return None;
+    }
+    let mut ports = vec![first];
+    for n in 2.. {
+        let name = n.to_string();
+        match root.has_entry(&join(ports_dir, &name)) {
+            Ok(true) => ports.push(read_port(root, ports_dir, name)),
+            Ok(false) => break,
+            Err(_) => return None,
+        }
+    }
+    ports.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Some(ports)
 }
 
 /// Parses a sysfs `dev` attribute (`231:0`).

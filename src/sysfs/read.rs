@@ -212,6 +212,37 @@ impl SysRoot {
             .map_err(io)
     }
 
+    /// Whether the folder holding `rel` has an entry of `rel`'s last name,
+    /// which is not followed (a link there is an entry, dangling or not).
+    /// One call where the kernel confines it: for learning where a
+    /// numbered run of entries ends without listing their folder. Ask in a
+    /// folder just read from: the kernel's "no such entry" is taken as the
+    /// name's, though it would say the same of a folder gone since.
+    pub fn has_entry(&self, rel: &str) -> Result<bool, SysError> {
+        let io = |cause| SysError::Io {
+            path: rel.to_string(),
+            cause,
+        };
+        let rel_t = rel.trim_start_matches('/');
+        let Some((folder, name)) = rel_t.rsplit_once('/') else {
+            return Err(io(std::io::ErrorKind::InvalidInput.into()));
+        };
+        if let (Some(fd), false) = (&self.beneath, self.recording_on()) {
+            match openat2_raw(fd, rel_t, libc::O_PATH | libc::O_NOFOLLOW) {
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                // An escape or a refusal: the long way names it.
+                Err(_) => {}
+            }
+        }
+        let dir = self.resolve_abs(folder)?;
+        match fs::symlink_metadata(dir.join(on_disk(name).map_err(io)?)) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(e)),
+        }
+    }
+
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
         if !self.recording_on() {

@@ -708,3 +708,113 @@ fn an_unreadable_cpu_list_is_not_taken_as_its_nodes_answer() {
     );
     assert_eq!(vfs[3]["cpuAffinity"], "24-47,72-95");
 }
+
+/// The link record of the one top-level interface of the tree at `dir`.
+fn link_of(dir: &Path) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&[
+        "inventory",
+        "--sysfs-root",
+        dir.to_str().unwrap(),
+    ]))
+    .unwrap();
+    v["spec"]["interfaces"][0]["link"].clone()
+}
+
+/// Ports are found by number without listing `ports/` (the kernel numbers
+/// a channel adapter's ports from 1 without a gap); what that cannot see is
+/// listed: a switch numbers its port 0, and a port 1 without `state` is a
+/// damaged port, named, not a device without ports.
+#[test]
+fn ports_not_numbered_from_one_are_still_read_by_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = fixtures::single_port(dir.path(), fixtures::DOWN);
+    let ports = "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0/infiniband/mlx5_0/ports";
+    assert!(dir.path().join(ports).join("1/state").exists());
+    // A switch: its one port is 0, and it carries the link.
+    fs::rename(
+        dir.path().join(ports).join("1"),
+        dir.path().join(ports).join("0"),
+    )
+    .unwrap();
+    t.write(&format!("{ports}/0/state"), "4: ACTIVE");
+    t.write(&format!("{ports}/0/phys_state"), "5: LinkUp");
+    let link = link_of(dir.path());
+    assert_eq!(link["state"], "OK", "{link}");
+    assert_eq!(link["ports"][0]["port"], "0");
+    // Port 1 there without its state, port 0 down: unreadable, not Failed.
+    t.write(&format!("{ports}/0/state"), "1: DOWN");
+    t.write(&format!("{ports}/1/phys_state"), "3: Disabled");
+    let link = link_of(dir.path());
+    assert_eq!(link["state"], "Unverified", "{link}");
+    assert!(
+        link["reason"].as_str().unwrap().contains("ports/1/state"),
+        "{link}"
+    );
+    assert_eq!(link["ports"].as_array().unwrap().len(), 2, "{link}");
+}
+
+/// The second port of a dual-port device is found by its number, and a
+/// third by the next: each is read, and the verdict sees them all.
+#[test]
+fn every_numbered_port_counts_in_the_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::all_ports_down(dir.path(), false);
+    let link = link_of(dir.path());
+    assert_eq!(link["state"], "Failed", "{link}");
+    assert_eq!(link["ports"].as_array().unwrap().len(), 2);
+    let ports = dir
+        .path()
+        .join("devices/pci0000:00/0000:00:01.0/0000:01:00.0/infiniband/mlx5_0/ports");
+    fs::create_dir(ports.join("3")).unwrap();
+    fs::write(ports.join("3/state"), "4: ACTIVE\n").unwrap();
+    fs::write(ports.join("3/phys_state"), "5: LinkUp\n").unwrap();
+    let link = link_of(dir.path());
+    assert_eq!(link["state"], "OK", "{link}");
+    let names: Vec<_> = link["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["1", "2", "3"]);
+}
+
+/// The names of the VFs of the one PF of the tree at `dir`, by address.
+fn vf_addresses(dir: &Path) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&[
+        "inventory",
+        "--sysfs-root",
+        dir.to_str().unwrap(),
+    ]))
+    .unwrap();
+    v["spec"]["interfaces"][0]["virtualFunctions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vf| vf["pciBusId"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A PF's VFs are found from `sriov_numvfs` without listing its folder;
+/// where the count and the `virtfnN` links disagree (the count read in
+/// the middle of a change, a damaged tree), the links the folder holds
+/// decide, as a listing gives them.
+#[test]
+fn sriov_numvfs_disagreeing_with_the_virtfn_links_is_settled_by_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::vf_only(dir.path());
+    let all = vf_addresses(dir.path());
+    assert_eq!(all.len(), 4);
+    let pf = dir
+        .path()
+        .join("devices/pci0000:00/0000:00:02.0/0000:01:00.0/0000:02:01.0/0000:04:00.0");
+    // Fewer counted than linked: every link is still a VF.
+    fs::write(pf.join("sriov_numvfs"), "2\n").unwrap();
+    assert_eq!(vf_addresses(dir.path()), all);
+    // More counted than linked: the missing link is no VF, the rest are.
+    fs::write(pf.join("sriov_numvfs"), "4\n").unwrap();
+    fs::remove_file(pf.join("virtfn1")).unwrap();
+    let mut want = all.clone();
+    want.remove(1);
+    assert_eq!(vf_addresses(dir.path()), want);
+}
