@@ -18,12 +18,14 @@
 //! time, the full walk that names a fault); [`read`] opens, reads and lists
 //! what a path names, bounded; [`kernel`] holds the system calls under
 //! both (`openat2(2)` beneath the root, paths as C strings, `statfs`);
-//! [`record`] is what a recording tree keeps for `capture`.
+//! [`trust`] is what discovery presumes of link targets until its reads
+//! prove it; [`record`] is what a recording tree keeps for `capture`.
 
 mod kernel;
 mod read;
 mod record;
 mod resolve;
+mod trust;
 
 pub use kernel::is_mounted_sysfs;
 pub use record::{Entry, Recorded};
@@ -114,6 +116,8 @@ pub struct SysRoot {
     /// answers: links are read relative to it, so the kernel walks only
     /// the path under the root, not the root's own path again each time.
     handle: Option<Arc<std::os::fd::OwnedFd>>,
+    /// What this pass presumes of link targets, to be proved (see [`trust`]).
+    trust: Arc<trust::Trust>,
     /// The root is a live sysfs, where everything is a regular file, a
     /// folder or a link (kernfs makes nothing else): a read that the kernel
     /// keeps on this mount (`RESOLVE_NO_XDEV`) needs no type check of what
@@ -149,6 +153,7 @@ impl SysRoot {
             folders,
             beneath,
             handle,
+            trust: Arc::default(),
             kernfs,
         })
     }
@@ -571,5 +576,107 @@ mod tests {
     fn join_skips_empty_base() {
         assert_eq!(join("", "a"), "a");
         assert_eq!(join("a", "b"), "a/b");
+    }
+
+    /// `class/net/eth0` → `devices/pci0000:00/0000:00:01.0/net/eth0`, the
+    /// way the kernel links a netdev, with its `mtu`.
+    fn netdev_tree(dir: &Path) {
+        let net = dir.join("devices/pci0000:00/0000:00:01.0/net/eth0");
+        fs::create_dir_all(&net).unwrap();
+        fs::write(net.join("mtu"), "9000\n").unwrap();
+        fs::create_dir_all(dir.join("class/net")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../devices/pci0000:00/0000:00:01.0/net/eth0",
+            dir.join("class/net/eth0"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_presumed_link_target_is_proved_by_the_first_read_beneath_it() {
+        let dir = tempfile::tempdir().unwrap();
+        netdev_tree(dir.path());
+        let root = SysRoot::new(dir.path()).unwrap();
+        root.presume();
+        let net = root.resolve("class/net/eth0").unwrap();
+        assert_eq!(net, "devices/pci0000:00/0000:00:01.0/net/eth0");
+        assert!(root.to_prove(&net), "presumed, not checked");
+        assert_eq!(root.read_trimmed_in(&net, "mtu").unwrap(), "9000");
+        assert!(!root.to_prove(&net), "proved by the read");
+        assert!(root.settle());
+    }
+
+    #[test]
+    fn a_presumed_link_target_no_read_proved_is_checked_when_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        netdev_tree(dir.path());
+        let root = SysRoot::new(dir.path()).unwrap();
+        root.presume();
+        root.resolve("class/net/eth0").unwrap();
+        // A plain read does not prove it; settling checks it, and it holds.
+        assert_eq!(
+            root.read_trimmed("devices/pci0000:00/0000:00:01.0/net/eth0/mtu")
+                .unwrap(),
+            "9000"
+        );
+        assert!(root.settle());
+        assert!(!root.to_prove("devices/pci0000:00/0000:00:01.0/net/eth0"));
+    }
+
+    #[test]
+    fn a_link_target_through_a_linked_folder_fails_its_presumption() {
+        // The PCI function's folder is a link to another: the target as
+        // written is not where the link lands. Presumed, the read beneath
+        // it follows the link (and so proves nothing), and settling says
+        // the tree must be read again; not presuming, the answer is where
+        // the link really lands.
+        let dir = tempfile::tempdir().unwrap();
+        netdev_tree(dir.path());
+        let bus = dir.path().join("devices/pci0000:00");
+        fs::rename(bus.join("0000:00:01.0"), bus.join("0000:00:02.0")).unwrap();
+        std::os::unix::fs::symlink("0000:00:02.0", bus.join("0000:00:01.0")).unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        root.presume();
+        let net = root.resolve("class/net/eth0").unwrap();
+        assert_eq!(root.read_trimmed_in(&net, "mtu").unwrap(), "9000");
+        assert!(root.to_prove(&net), "a read through a link proves nothing");
+        assert!(!root.settle());
+        root.forget_resolutions();
+        assert_eq!(
+            root.resolve("class/net/eth0").unwrap(),
+            "devices/pci0000:00/0000:00:02.0/net/eth0"
+        );
+    }
+
+    #[test]
+    fn a_dangling_link_target_fails_its_presumption() {
+        let dir = tempfile::tempdir().unwrap();
+        netdev_tree(dir.path());
+        fs::remove_dir_all(dir.path().join("devices/pci0000:00/0000:00:01.0/net/eth0")).unwrap();
+        let root = SysRoot::new(dir.path()).unwrap();
+        root.presume();
+        let net = root.resolve("class/net/eth0").unwrap();
+        assert!(root
+            .read_trimmed_in(&net, "mtu")
+            .unwrap_err()
+            .is_not_found());
+        assert!(!root.settle(), "what was read on it may be wrong");
+        root.forget_resolutions();
+        assert!(matches!(
+            root.resolve("class/net/eth0"),
+            Err(SysError::Dangling { .. })
+        ));
+    }
+
+    #[test]
+    fn a_tree_without_openat2_never_presumes() {
+        let dir = tempfile::tempdir().unwrap();
+        netdev_tree(dir.path());
+        for (way, root) in every_way(dir.path()) {
+            root.presume();
+            let net = root.resolve("class/net/eth0").unwrap();
+            assert_eq!(root.to_prove(&net), way == "openat2", "{way}");
+            assert!(root.settle(), "{way}");
+        }
     }
 }

@@ -71,10 +71,13 @@ pub fn accelerators(
                 continue;
             }
         };
+        // Read in the function's folder, the target of its `bus/pci` link:
+        // the read proves it where the tree presumed it.
         let hex = |attr: &str| {
-            let rel = join(&dev, attr);
-            let v = root.read_trimmed(&rel).map_err(|e| e.to_string())?;
-            parse_hex(&v).ok_or_else(|| format!("{rel}: {v:?} is not a hex number"))
+            let v = root
+                .read_trimmed_in(&dev, attr)
+                .map_err(|e| e.to_string())?;
+            parse_hex(&v).ok_or_else(|| format!("{}: {v:?} is not a hex number", join(&dev, attr)))
         };
         // The vendor first: a device of any other maker is answered by it,
         // so its class is not read (most PCI functions on a GPU node are

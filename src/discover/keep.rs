@@ -9,7 +9,7 @@
 
 use crate::publish::Previous;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict, NodeRecord, UnreadableFact};
-use crate::sysfs::{SysError, SysRoot};
+use crate::sysfs::{join, SysError, SysRoot};
 
 /// Why a fact that is there (or may be) could not be read: kept typed until
 /// it is noted on the record, where its text is the fact's reason. Each
@@ -41,7 +41,22 @@ pub(crate) enum Unreadable {
 /// `Ok(None)` the kernel has no such attribute, `Err(reason)` it is there (or
 /// may be) and could not be read.
 pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, Unreadable> {
-    match root.read_trimmed(rel) {
+    answer(root.read_trimmed(rel))
+}
+
+/// [`attribute`] of `name` in `folder`, a folder the tree resolved: the
+/// read proves it where the tree only presumed it (see `sysfs::trust`).
+pub(crate) fn attribute_in(
+    root: &SysRoot,
+    folder: &str,
+    name: &str,
+) -> Result<Option<String>, Unreadable> {
+    answer(root.read_trimmed_in(folder, name))
+}
+
+/// A read as [`attribute`] answers it.
+fn answer(read: Result<String, SysError>) -> Result<Option<String>, Unreadable> {
+    match read {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
@@ -54,10 +69,27 @@ pub(crate) fn parsed<T: std::str::FromStr>(
     root: &SysRoot,
     rel: &str,
 ) -> Result<Option<T>, Unreadable> {
-    match attribute(root, rel)? {
+    parse(attribute(root, rel)?, || rel.to_string())
+}
+
+/// [`parsed`] of `name` in a resolved `folder`, as [`attribute_in`] reads it.
+pub(crate) fn parsed_in<T: std::str::FromStr>(
+    root: &SysRoot,
+    folder: &str,
+    name: &str,
+) -> Result<Option<T>, Unreadable> {
+    parse(attribute_in(root, folder, name)?, || join(folder, name))
+}
+
+/// Text read as `T`; `path` names the attribute when it does not parse.
+fn parse<T: std::str::FromStr>(
+    text: Option<String>,
+    path: impl FnOnce() -> String,
+) -> Result<Option<T>, Unreadable> {
+    match text {
         None => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| Unreadable::NotANumber {
-            path: rel.to_string(),
+            path: path(),
             text: v,
         }),
     }

@@ -12,6 +12,7 @@ use crate::pci;
 use crate::publish::Previous;
 use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, NODE_RECORD_VERSION};
 use crate::sysfs::{join, SysError, SysRoot};
+use tracing::debug;
 
 /// Discovery could not enumerate the node: nothing may be published from it.
 /// The sysfs error is in the message, not a `source`, so it prints once.
@@ -34,13 +35,23 @@ pub fn discover(
     previous: &Previous,
     now: &str,
 ) -> Result<NodeRecord, DiscoverError> {
-    let net::Scan {
+    // Link targets are presumed plain while the tree is read, each proved
+    // by a read beneath it or checked at the end (see `sysfs::trust`); one
+    // that is not plain (a damaged or hostile tree) has the tree read
+    // again with every target checked as it is met.
+    root.presume();
+    let mut read = read_tree(root, previous);
+    if !root.settle() {
+        debug!("a link target presumed plain was not: reading the tree again, checking each");
+        root.forget_resolutions();
+        read = read_tree(root, previous);
+    }
+    let Tree {
         interfaces,
-        vf_parents,
-    } = net::interfaces(root)?;
-    let groups = accel::accelerators(root, previous, &vf_parents)?;
-    let rdma_cm = rdma::rdma_cm(root);
-    let verbs = rdma::VerbsIndex::read(root);
+        groups,
+        rdma_cm,
+        verbs,
+    } = read?;
     // The tree is read: its resolutions (~31 MB at 10,000 endpoints) are
     // dropped before the previous record (~17 MB) is parsed for kept facts
     // or failed links' `firstSeen`, so the two are never held together.
@@ -63,6 +74,30 @@ pub fn discover(
     }
     stamp_first_seen(&mut record, previous, now);
     Ok(record)
+}
+
+/// What [`discover`] reads from the tree, before the previous record fills
+/// in what it could not.
+struct Tree {
+    interfaces: Vec<crate::record::Interface>,
+    groups: Vec<crate::record::AcceleratorGroup>,
+    rdma_cm: Option<crate::record::CharDevice>,
+    verbs: rdma::VerbsIndex,
+}
+
+/// Reads the interfaces, the accelerators and the RDMA character devices.
+fn read_tree(root: &SysRoot, previous: &Previous) -> Result<Tree, DiscoverError> {
+    let net::Scan {
+        interfaces,
+        vf_parents,
+    } = net::interfaces(root)?;
+    let groups = accel::accelerators(root, previous, &vf_parents)?;
+    Ok(Tree {
+        interfaces,
+        groups,
+        rdma_cm: rdma::rdma_cm(root),
+        verbs: rdma::VerbsIndex::read(root),
+    })
 }
 
 /// Attaches each bound RDMA device's verbs character device, or the reason it

@@ -1,7 +1,7 @@
 //! Network interfaces, starting at `class/net`, with SR-IOV VFs nested under
 //! their physical function.
 
-use super::keep::{attribute, note, parsed, Unreadable};
+use super::keep::{attribute, note, parsed, parsed_in, Unreadable};
 use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict};
@@ -46,8 +46,12 @@ pub fn interfaces(root: &SysRoot) -> Result<Scan, SysError> {
     // Every entry's folders first: a VF's netdev is one of these entries, so
     // its PF learns the VF's interface name from this walk instead of
     // listing each VF's `net` folder again.
-    let located: Vec<(String, Result<Located, SysError>)> = root
-        .list("class/net")?
+    let names = root.list("class/net")?;
+    // About five folders resolved for each interface (its net folder, its
+    // device, its RDMA device's): room for them at once, where growing the
+    // table hashed every path again at each doubling.
+    root.expect_resolutions(names.len() * 5);
+    let located: Vec<(String, Result<Located, SysError>)> = names
         .into_iter()
         .map(|name| {
             let at = locate(root, &name);
@@ -228,7 +232,9 @@ impl Walk<'_> {
             note(&mut iface, Fact::Bus, why);
         }
         if let Some(net) = netdir {
-            match parsed(root, &join(net, "mtu")) {
+            // The first read in the net folder: it proves the folder where
+            // the tree presumed it (the target of a `class/net` link).
+            match parsed_in(root, net, "mtu") {
                 Ok(v) => iface.mtu = v,
                 Err(why) => note(&mut iface, Fact::Mtu, why),
             }

@@ -82,14 +82,15 @@ fn enum_name(value: &str) -> &str {
 /// port read and none carrying the link. Anything else is `Unverified`, because
 /// an unreadable file is never an answer of "no".
 pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
-    let ports_dir = join(device, &format!("infiniband/{ibdev}/ports"));
+    let ibdir = join(device, &format!("infiniband/{ibdev}"));
+    let ports_dir = join(&ibdir, "ports");
     let unverified = |reason: String, ports: Vec<PortReading>| LinkVerdict {
         state: LinkState::Unverified,
         reason: Some(reason),
         ports,
         first_seen: None,
     };
-    let readings = match numbered_ports(root, &ports_dir) {
+    let readings = match numbered_ports(root, &ibdir) {
         Some(readings) => readings,
         None => match root.list(&ports_dir) {
             Ok(p) if p.is_empty() => return unverified(format!("{ports_dir}: no ports"), vec![]),
@@ -97,7 +98,7 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
             // room for four (3.8 MB at 10,000 endpoints).
             Ok(p) => p
                 .into_iter()
-                .map(|port| read_port(root, &ports_dir, port))
+                .map(|port| read_port(root, &ibdir, port))
                 .collect(),
             Err(e) => return unverified(format!("cannot list ports: {e}"), vec![]),
         },
@@ -157,36 +158,39 @@ impl Port {
     }
 }
 
-/// Reads port `name` under `ports_dir`.
-fn read_port(root: &SysRoot, ports_dir: &str, name: String) -> Port {
-    let dir = join(ports_dir, &name);
+/// Reads port `name` of the RDMA device folder `ibdir`.
+fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
+    let dir = join(ibdir, &format!("ports/{name}"));
     Port {
-        state: root.read_trimmed(&join(&dir, "state")),
+        // Read as beneath `ibdir`, the target of its `class/infiniband`
+        // link, which this read proves where discovery presumed it.
+        state: root.read_trimmed_in(ibdir, &format!("ports/{name}/state")),
         phys_state: root.read_trimmed(&join(&dir, "phys_state")),
         link_layer: root.read_trimmed(&join(&dir, "link_layer")).ok(),
         name,
     }
 }
 
-/// The ports of an RDMA device found without listing `ports_dir`: the
-/// kernel numbers a channel adapter's ports 1 to N with no gap (its port
-/// folders are made for each port from the first to the last), so port 1
-/// is read at once and each next number is asked for until one is not
-/// there: one call past the last port, where a listing costs four.
+/// The ports of the RDMA device folder `ibdir` found without listing its
+/// `ports`: the kernel numbers a channel adapter's ports 1 to N with no
+/// gap (its port folders are made for each port from the first to the
+/// last), so port 1 is read at once and each next number is asked for
+/// until one is not there: one call past the last port, where a listing
+/// costs four.
 /// `None` when port 1 has no `state` (a switch numbers its one port 0, a
 /// damaged tree may lack it) or a next port cannot be asked for: the
 /// caller lists the folder, which names any fault. Sorted as a listing
 /// sorts them, so either way gives the same record.
-fn numbered_ports(root: &SysRoot, ports_dir: &str) -> Option<Vec<Port>> {
-    let first = read_port(root, ports_dir, "1".to_string());
+fn numbered_ports(root: &SysRoot, ibdir: &str) -> Option<Vec<Port>> {
+    let first = read_port(root, ibdir, "1".to_string());
     if first.state.as_ref().is_err_and(SysError::is_not_found) {
         return None;
     }
     let mut ports = vec![first];
     for n in 2.. {
         let name = n.to_string();
-        match root.has_entry(&join(ports_dir, &name)) {
-            Ok(true) => ports.push(read_port(root, ports_dir, name)),
+        match root.has_entry(&join(ibdir, &format!("ports/{name}"))) {
+            Ok(true) => ports.push(read_port(root, ibdir, name)),
             Ok(false) => break,
             Err(_) => return None,
         }

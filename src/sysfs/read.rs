@@ -20,6 +20,29 @@ impl SysRoot {
     /// the type is checked on the opened descriptor, so nothing can be swapped
     /// in between the check and the read.
     pub fn read(&self, rel: &str) -> Result<String, SysError> {
+        self.read_beneath(rel, None)
+    }
+
+    /// Reads `name` (one name or several) beneath `folder`, a path that
+    /// [`Self::resolve`] answered: as [`Self::read`] reads the two joined,
+    /// and the read also proves `folder` where that is only presumed (see
+    /// [`super::trust`]): discovery reads so the first attribute beneath
+    /// each link target it resolves.
+    pub fn read_in(&self, folder: &str, name: &str) -> Result<String, SysError> {
+        let rel = super::join(folder, name);
+        self.read_beneath(&rel, Some(folder.trim_start_matches('/')))
+    }
+
+    /// [`Self::read_in`] trimmed as [`Self::read_trimmed`] trims.
+    pub fn read_trimmed_in(&self, folder: &str, name: &str) -> Result<String, SysError> {
+        let mut v = self.read_in(folder, name)?;
+        trim_in_place(&mut v);
+        Ok(v)
+    }
+
+    /// [`Self::read`] of `rel`, which lies beneath `folder` if one is
+    /// named: the read proves `folder` when it is presumed.
+    fn read_beneath(&self, rel: &str, folder: Option<&str>) -> Result<String, SysError> {
         use std::os::unix::fs::OpenOptionsExt;
         let io = |cause| SysError::Io {
             path: rel.to_string(),
@@ -45,10 +68,23 @@ impl SysRoot {
                 } else {
                     CONFINED
                 };
-                let open = |flags| with_c_path(rel_t, |path| openat2_c(fd, path, flags, resolve));
-                match open(flags | libc::O_NOFOLLOW) {
-                    Ok(f) => Some(f),
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => open(flags).ok(),
+                // A presumed folder is proved by refusing every link on the
+                // way: the read that succeeds so shows the path plain.
+                let proving = folder.filter(|f| self.to_prove(f));
+                let first = match proving {
+                    Some(_) => resolve | libc::RESOLVE_NO_SYMLINKS,
+                    None => resolve,
+                };
+                let open =
+                    |flags, resolve| with_c_path(rel_t, |path| openat2_c(fd, path, flags, resolve));
+                match open(flags | libc::O_NOFOLLOW, first) {
+                    Ok(f) => {
+                        if let Some(folder) = proving {
+                            self.proved(folder);
+                        }
+                        Some(f)
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => open(flags, resolve).ok(),
                     Err(e)
                         if e.kind() == std::io::ErrorKind::NotFound
                             && self.in_canonical_folder(rel_t) =>
@@ -117,10 +153,7 @@ impl SysRoot {
     /// Reads an attribute and trims the kernel's trailing newline.
     pub fn read_trimmed(&self, rel: &str) -> Result<String, SysError> {
         let mut v = self.read(rel)?;
-        // In place: one allocation per attribute, not two.
-        v.truncate(v.trim_end().len());
-        let lead = v.len() - v.trim_start().len();
-        v.drain(..lead);
+        trim_in_place(&mut v);
         Ok(v)
     }
 
@@ -256,6 +289,13 @@ impl SysRoot {
         }
         true
     }
+}
+
+/// Trims `v`'s white space in place: one allocation per attribute, not two.
+fn trim_in_place(v: &mut String) {
+    v.truncate(v.trim_end().len());
+    let lead = v.len() - v.trim_start().len();
+    v.drain(..lead);
 }
 
 /// Reads a regular file whole, to one byte past [`MAX_ATTR_BYTES`] so that

@@ -4,6 +4,7 @@
 //! a time where that is cheap, and a full walk names any fault.
 
 use super::kernel::{on_disk, openat2_c, with_c_path};
+use super::trust::{canonical, PRESUMED};
 use super::{join, SysError, SysRoot};
 use crate::escape::{escape, path_text as text_of};
 use std::fs;
@@ -234,7 +235,7 @@ impl SysRoot {
     fn known(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
-            return if hit.is_empty() {
+            return if canonical(hit) {
                 Known::Canonical
             } else {
                 Known::Resolved(hit.clone())
@@ -244,7 +245,7 @@ impl SysRoot {
             .and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name)))
         {
             Some((folder, hit, name)) => {
-                Known::Under(join(if hit.is_empty() { folder } else { hit }, name))
+                Known::Under(join(if canonical(hit) { folder } else { hit }, name))
             }
             None => Known::Neither,
         }
@@ -254,40 +255,60 @@ impl SysRoot {
     /// way, so it is canonical; `known` is a canonical folder it lies under.
     /// One `openat2(2)` refusing every link checks all the names past
     /// `known` at once, where a `readlink` per name would walk the path
-    /// once per name. Each folder on the way is remembered as canonical.
-    /// False (nothing learnt) where the call is refused for any reason: a
-    /// link on the way, a missing name, or a kernel without `openat2`.
+    /// once per name; while the tree presumes (see [`super::trust`]) `rel`
+    /// is taken as plain, for a read beneath it to prove. Each folder on
+    /// the way is remembered as canonical, `rel` as presumed. False
+    /// (nothing learnt) where the call is refused for any reason: a link
+    /// on the way, a missing name, or a kernel without `openat2`.
     fn all_plain(&self, known: &str, rel: &str) -> bool {
-        let Some(dir) = &self.beneath else {
-            return false;
-        };
-        let checked = with_c_path(rel, |path| {
-            openat2_c(
-                dir,
-                path,
-                libc::O_PATH,
-                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
-            )
-        });
-        if checked.is_err() {
+        let presuming = self.presuming();
+        if !presuming && !self.plain_beneath(rel) {
             return false;
         }
         // `rel` itself, then each folder back towards `known`, under one
         // lock, until one this pass already holds as canonical: the folders
         // above it were remembered with it (a sibling's walk, most often).
+        // Presumed, `rel` alone carries the presumption: its folders are
+        // plain if it is, and the tree is read again if it is not.
         let mut cache = self.folders.lock().expect("folder cache lock");
         let mut path = rel;
+        let mut value = match presuming {
+            true => PRESUMED,
+            false => "",
+        };
         while path.len() > known.len() {
-            if cache.get(path).is_some_and(String::is_empty) {
+            if cache.get(path).is_some_and(|v| canonical(v)) {
                 break;
             }
-            cache.insert(path.to_string(), String::new());
+            cache.insert(path.to_string(), value.to_string());
+            if value == PRESUMED {
+                self.presumed_one();
+            }
+            value = "";
             match split_last(path) {
                 Some((folder, _)) => path = folder,
                 None => break,
             }
         }
         true
+    }
+
+    /// True when `rel` is there beneath the root with no link on its way:
+    /// one `openat2(2)` that refuses every link. False where the kernel
+    /// refuses it for any reason, or cannot be asked (no `openat2`).
+    pub(super) fn plain_beneath(&self, rel: &str) -> bool {
+        let Some(dir) = &self.beneath else {
+            return false;
+        };
+        with_c_path(rel, |path| {
+            openat2_c(
+                dir,
+                path,
+                libc::O_PATH,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            )
+        })
+        .is_ok()
     }
 
     /// The text of the link at `rel`, a path under the root with no link
@@ -342,6 +363,15 @@ impl SysRoot {
     pub fn forget_resolutions(&self) {
         let mut cache = self.folders.lock().expect("folder cache lock");
         *cache = std::collections::HashMap::with_hasher(BuildPathHash);
+        self.forget_presumptions();
+    }
+
+    /// Makes room for `count` resolutions in all, for a caller that knows
+    /// how many the pass will make.
+    pub fn expect_resolutions(&self, count: usize) {
+        let mut cache = self.folders.lock().expect("folder cache lock");
+        let more = count.saturating_sub(cache.len());
+        cache.reserve(more);
     }
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
@@ -372,7 +402,7 @@ impl SysRoot {
                 .lock()
                 .expect("folder cache lock")
                 .get(folder)
-                .is_some_and(|v| v.is_empty()),
+                .is_some_and(|v| canonical(v)),
         }
     }
 
@@ -438,6 +468,17 @@ pub(super) fn split_last(path: &str) -> Option<(&str, &str)> {
 /// True when `path` is one or more plain names joined by single `/`: no
 /// empty name (a leading, trailing or doubled `/`), no `.` and no `..`.
 pub(super) fn plain_names(path: &str) -> bool {
+    // A sysfs link's text past its climbs holds no `//` and no name that
+    // starts with a dot: two vectorised searches settle it. Anything else
+    // is looked at name by name.
+    if !path.is_empty()
+        && !path.starts_with(['/', '.'])
+        && !path.ends_with('/')
+        && !path.contains("//")
+        && !path.contains("/.")
+    {
+        return true;
+    }
     // One pass over the bytes: a `split` iterator cost more than the walk
     // it guards.
     let bytes = path.as_bytes();

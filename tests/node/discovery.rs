@@ -818,3 +818,29 @@ fn sriov_numvfs_disagreeing_with_the_virtfn_links_is_settled_by_listing() {
     want.remove(1);
     assert_eq!(vf_addresses(dir.path()), want);
 }
+
+/// A `class/net` link whose text passes through a folder that is itself a
+/// link (no kernel writes one; a copied or hostile tree may hold one) is
+/// read where it lands: the pass that presumed its text plain is found
+/// out and the tree read again with every link target checked.
+#[test]
+fn a_class_link_through_a_linked_folder_reads_where_it_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::single_port(dir.path(), fixtures::UP);
+    let bridge = dir
+        .path()
+        .join("devices/pci0000:00/0000:00:01.0/0000:01:00.0");
+    fs::rename(bridge.join("0000:02:01.0"), bridge.join("0000:02:03.0")).unwrap();
+    std::os::unix::fs::symlink("0000:02:03.0", bridge.join("0000:02:01.0")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&[
+        "inventory",
+        "--sysfs-root",
+        dir.path().to_str().unwrap(),
+    ]))
+    .unwrap();
+    let nic = &v["spec"]["interfaces"][0];
+    assert_eq!(nic["link"]["state"], "OK", "{nic}");
+    let switches = nic["topology"]["pciSwitches"].to_string();
+    assert!(switches.contains("0000:02:03.0"), "{switches}");
+    assert!(!switches.contains("0000:02:01.0"), "{switches}");
+}
