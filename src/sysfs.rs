@@ -31,7 +31,6 @@ pub use kernel::is_mounted_sysfs;
 pub use record::{Entry, Recorded};
 pub(crate) use resolve::BuildPathHash;
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -106,7 +105,7 @@ pub struct SysRoot {
     /// canonical path under the root: one pass reads many attributes of each
     /// device folder and follows the same links more than once, and
     /// re-walking the symlink chain for each was most of its cost.
-    folders: Arc<Mutex<HashMap<String, String, BuildPathHash>>>,
+    folders: Arc<Mutex<resolve::Places>>,
     /// The root opened as a directory handle, for `openat2(2)` with
     /// `RESOLVE_BENEATH`: the kernel then walks an attribute's links and
     /// keeps the walk inside the root in one call. `None` where the kernel
@@ -142,7 +141,7 @@ impl SysRoot {
         // every pass touch pages it mostly left empty (the kernel zeroes
         // each on first touch), which cost more than the few growths (each
         // hashes every path again).
-        let folders = Arc::new(Mutex::new(HashMap::with_capacity_and_hasher(
+        let folders = Arc::new(Mutex::new(resolve::Places::with_capacity_and_hasher(
             192,
             BuildPathHash,
         )));

@@ -4,7 +4,6 @@
 //! a time where that is cheap, and a full walk names any fault.
 
 use super::kernel::{on_disk, openat2_c, with_c_path};
-use super::trust::{canonical, PRESUMED};
 use super::{join, SysError, SysRoot};
 use crate::escape::{escape, path_text as text_of};
 use std::fs;
@@ -47,6 +46,28 @@ impl std::hash::BuildHasher for BuildPathHash {
         PathHash(0)
     }
 }
+
+/// Where a path this pass resolved leads: the resolution table's value.
+#[derive(Debug)]
+pub(crate) enum Place {
+    /// The path itself is canonical: checked plain, or read as no link.
+    Canonical,
+    /// Canonical as far as this pass presumes, until a read proves it
+    /// (see [`super::trust`]).
+    Presumed,
+    /// A link met as a folder on the way, leading to this canonical path.
+    At(String),
+}
+
+impl Place {
+    /// True when the path is its own canonical path, proved or presumed.
+    fn canonical(&self) -> bool {
+        !matches!(self, Place::At(_))
+    }
+}
+
+/// The resolution table: each path resolved this pass, by its text.
+pub(crate) type Places = hashbrown::HashMap<String, Place, BuildPathHash>;
 
 /// What one pass's resolutions know of a path (see [`SysRoot::resolve`]).
 enum Known {
@@ -209,19 +230,17 @@ impl SysRoot {
             return Err(None);
         }
         let target = join(base, rest);
-        // Several names past what is known: one call checks them all. A
-        // target this pass has resolved is answered by the same look.
-        let target = match rest.as_bytes().contains(&b'/') {
-            false => target,
-            true => match self.known(&target) {
-                Known::Canonical => return Ok(self.answered(rel_t, parent, target)),
-                Known::Resolved(out) => return Ok(self.answered(rel_t, parent, out)),
-                Known::Neither if self.all_plain(base, &target) => {
-                    return Ok(self.answered(rel_t, parent, target))
-                }
-                Known::Under(_) | Known::Neither => target,
-            },
-        };
+        // A target this pass has resolved is answered at once (a VF's
+        // `physfn` names its PF, known since its own link was read).
+        // Several names past what is known: one call checks them all.
+        match self.known(&target) {
+            Known::Canonical => return Ok(self.answered(rel_t, parent, target)),
+            Known::Resolved(out) => return Ok(self.answered(rel_t, parent, out)),
+            Known::Neither if rest.as_bytes().contains(&b'/') && self.all_plain(base, &target) => {
+                return Ok(self.answered(rel_t, parent, target))
+            }
+            Known::Under(_) | Known::Neither => {}
+        }
         // A target that does not resolve is a dangling link: the walk says so.
         let out = self
             .resolve_hops(&target, hops + 1, false)
@@ -235,18 +254,16 @@ impl SysRoot {
     fn known(&self, rel: &str) -> Known {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
-            return if canonical(hit) {
-                Known::Canonical
-            } else {
-                Known::Resolved(hit.clone())
+            return match hit {
+                Place::At(out) => Known::Resolved(out.clone()),
+                _ => Known::Canonical,
             };
         }
         match split_last(rel)
             .and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name)))
         {
-            Some((folder, hit, name)) => {
-                Known::Under(join(if canonical(hit) { folder } else { hit }, name))
-            }
+            Some((_, Place::At(out), name)) => Known::Under(join(out, name)),
+            Some((folder, _, name)) => Known::Under(join(folder, name)),
             None => Known::Neither,
         }
     }
@@ -272,19 +289,25 @@ impl SysRoot {
         // plain if it is, and the tree is read again if it is not.
         let mut cache = self.folders.lock().expect("folder cache lock");
         let mut path = rel;
-        let mut value = match presuming {
-            true => PRESUMED,
-            false => "",
+        let mut place = match presuming {
+            true => Place::Presumed,
+            false => Place::Canonical,
         };
         while path.len() > known.len() {
-            if cache.get(path).is_some_and(|v| canonical(v)) {
-                break;
+            // One hash per folder: looked up and, where missing, added.
+            match cache.entry_ref(path) {
+                hashbrown::hash_map::EntryRef::Occupied(e) if e.get().canonical() => break,
+                hashbrown::hash_map::EntryRef::Occupied(mut e) => {
+                    e.insert(place);
+                }
+                hashbrown::hash_map::EntryRef::Vacant(e) => {
+                    e.insert(place);
+                }
             }
-            cache.insert(path.to_string(), value.to_string());
-            if value == PRESUMED {
+            if path.len() == rel.len() && presuming {
                 self.presumed_one();
             }
-            value = "";
+            place = Place::Canonical;
             match split_last(path) {
                 Some((folder, _)) => path = folder,
                 None => break,
@@ -362,7 +385,7 @@ impl SysRoot {
     /// a caller done with the walk does not hold them through what follows.
     pub fn forget_resolutions(&self) {
         let mut cache = self.folders.lock().expect("folder cache lock");
-        *cache = std::collections::HashMap::with_hasher(BuildPathHash);
+        *cache = Places::with_hasher(BuildPathHash);
         self.forget_presumptions();
     }
 
@@ -376,17 +399,17 @@ impl SysRoot {
 
     /// Remembers that `rel` resolves to `canonical` for the rest of the pass.
     fn remember(&self, rel: &str, canonical: &str) {
-        // A canonical path maps to itself, stored as "" (the root is never
-        // a key): one string per entry, not two.
-        let value = if rel == canonical {
-            String::new()
+        // A canonical path maps to itself, stored as no path at all: one
+        // string per entry, not two.
+        let place = if rel == canonical {
+            Place::Canonical
         } else {
-            canonical.to_string()
+            Place::At(canonical.to_string())
         };
         self.folders
             .lock()
             .expect("folder cache lock")
-            .insert(rel.to_string(), value);
+            .insert(rel.to_string(), place);
     }
 
     /// True when the folder holding `rel` is known, from this pass, to be
@@ -402,7 +425,7 @@ impl SysRoot {
                 .lock()
                 .expect("folder cache lock")
                 .get(folder)
-                .is_some_and(|v| canonical(v)),
+                .is_some_and(Place::canonical),
         }
     }
 

@@ -13,18 +13,9 @@
 //! the tree again without presuming: a damaged or hostile tree costs a
 //! second pass, never a wrong answer.
 
+use super::resolve::Place;
 use super::SysRoot;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-/// The resolution cache's value for a folder presumed plain and not yet
-/// proved: no path is a NUL, so it cannot be mistaken for one.
-pub(super) const PRESUMED: &str = "\0";
-
-/// True when a resolution cache value says its key is canonical, proved
-/// or presumed (see [`SysRoot::resolve`]).
-pub(super) fn canonical(value: &str) -> bool {
-    value.is_empty() || value == PRESUMED
-}
 
 /// Whether a tree presumes, and how many of its presumptions stand unproved.
 #[derive(Debug, Default)]
@@ -51,7 +42,7 @@ impl SysRoot {
         self.trust.presuming.load(Ordering::Relaxed)
     }
 
-    /// Counts one more folder presumed, just stored as [`PRESUMED`].
+    /// Counts one more folder presumed, just stored as [`Place::Presumed`].
     pub(super) fn presumed_one(&self) {
         self.trust.unproven.fetch_add(1, Ordering::Relaxed);
     }
@@ -66,14 +57,17 @@ impl SysRoot {
                 .lock()
                 .expect("folder cache lock")
                 .get(folder)
-                .is_some_and(|v| v == PRESUMED)
+                .is_some_and(|v| matches!(v, Place::Presumed))
     }
 
     /// `folder` was proved plain: a read beneath it refused every link.
     pub(super) fn proved(&self, folder: &str) {
         let mut cache = self.folders.lock().expect("folder cache lock");
-        if let Some(v) = cache.get_mut(folder).filter(|v| *v == PRESUMED) {
-            v.clear();
+        if let Some(v) = cache
+            .get_mut(folder)
+            .filter(|v| matches!(v, Place::Presumed))
+        {
+            *v = Place::Canonical;
             let _ = self
                 .trust
                 .unproven
@@ -100,7 +94,7 @@ impl SysRoot {
             .lock()
             .expect("folder cache lock")
             .iter()
-            .filter(|(_, v)| *v == PRESUMED)
+            .filter(|(_, v)| matches!(v, Place::Presumed))
             .map(|(k, _)| k.clone())
             .collect();
         let mut held = true;
@@ -110,7 +104,7 @@ impl SysRoot {
             match plain {
                 true => {
                     if let Some(v) = cache.get_mut(&folder) {
-                        v.clear();
+                        *v = Place::Canonical;
                     }
                 }
                 false => {
