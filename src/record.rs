@@ -99,8 +99,10 @@ pub struct Interface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
     /// PCI coordinates; absent for a device that is not on the PCI bus.
+    /// Shared: every VF of a PF sits where its PF does, and a copy per VF
+    /// was most of the allocations of a node of many VFs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topology: Option<Topology>,
+    pub topology: Option<std::sync::Arc<Topology>>,
     /// Facts this pass could not read, each kept from the previous record or
     /// left unknown: an unreadable file is never an answer of "no".
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -600,7 +600,7 @@ mod tests {
         let net = root.resolve("class/net/eth0").unwrap();
         assert_eq!(net, "devices/pci0000:00/0000:00:01.0/net/eth0");
         assert!(root.to_prove(&net), "presumed, not checked");
-        assert_eq!(root.read_trimmed_in(&net, "mtu").unwrap(), "9000");
+        assert_eq!(root.read_trimmed_proving(&net, "mtu").unwrap(), "9000");
         assert!(!root.to_prove(&net), "proved by the read");
         assert!(root.settle());
     }
@@ -637,7 +637,7 @@ mod tests {
         let root = SysRoot::new(dir.path()).unwrap();
         root.presume();
         let net = root.resolve("class/net/eth0").unwrap();
-        assert_eq!(root.read_trimmed_in(&net, "mtu").unwrap(), "9000");
+        assert_eq!(root.read_trimmed_proving(&net, "mtu").unwrap(), "9000");
         assert!(root.to_prove(&net), "a read through a link proves nothing");
         assert!(!root.settle());
         root.forget_resolutions();
@@ -656,7 +656,7 @@ mod tests {
         root.presume();
         let net = root.resolve("class/net/eth0").unwrap();
         assert!(root
-            .read_trimmed_in(&net, "mtu")
+            .read_trimmed_proving(&net, "mtu")
             .unwrap_err()
             .is_not_found());
         assert!(!root.settle(), "what was read on it may be wrong");

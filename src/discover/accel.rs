@@ -75,7 +75,7 @@ pub fn accelerators(
         // the read proves it where the tree presumed it.
         let hex = |attr: &str| {
             let v = root
-                .read_trimmed_in(&dev, attr)
+                .read_trimmed_proving(&dev, attr)
                 .map_err(|e| e.to_string())?;
             parse_hex(&v).ok_or_else(|| format!("{}: {v:?} is not a hex number", join(&dev, attr)))
         };

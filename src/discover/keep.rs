@@ -37,15 +37,9 @@ pub(crate) enum Unreadable {
     },
 }
 
-/// One attribute read as an answer or as unreadable: `Ok(Some(text))` read,
-/// `Ok(None)` the kernel has no such attribute, `Err(reason)` it is there (or
-/// may be) and could not be read.
-pub(crate) fn attribute(root: &SysRoot, rel: &str) -> Result<Option<String>, Unreadable> {
-    answer(root.read_trimmed(rel))
-}
-
-/// [`attribute`] of `name` in `folder`, a folder the tree resolved: the
-/// read proves it where the tree only presumed it (see `sysfs::trust`).
+/// The attribute `name` in `folder` read as an answer or as unreadable:
+/// `Ok(Some(text))` read, `Ok(None)` the kernel has no such attribute,
+/// `Err(reason)` it is there (or may be) and could not be read.
 pub(crate) fn attribute_in(
     root: &SysRoot,
     folder: &str,
@@ -54,7 +48,18 @@ pub(crate) fn attribute_in(
     answer(root.read_trimmed_in(folder, name))
 }
 
-/// A read as [`attribute`] answers it.
+/// [`attribute_in`] of the first attribute read beneath a folder the tree
+/// resolved: the read proves the folder where the tree only presumed it
+/// (see `sysfs::trust`).
+pub(crate) fn attribute_proving(
+    root: &SysRoot,
+    folder: &str,
+    name: &str,
+) -> Result<Option<String>, Unreadable> {
+    answer(root.read_trimmed_proving(folder, name))
+}
+
+/// A read as [`attribute_in`] answers it.
 fn answer(read: Result<String, SysError>) -> Result<Option<String>, Unreadable> {
     match read {
         Ok(v) => Ok(Some(v)),
@@ -65,20 +70,24 @@ fn answer(read: Result<String, SysError>) -> Result<Option<String>, Unreadable> 
 
 /// An attribute that must parse as `T` when present; text that does not
 /// parse is unreadable too (a truncated or foreign value is not an answer).
-pub(crate) fn parsed<T: std::str::FromStr>(
-    root: &SysRoot,
-    rel: &str,
-) -> Result<Option<T>, Unreadable> {
-    parse(attribute(root, rel)?, || rel.to_string())
-}
-
-/// [`parsed`] of `name` in a resolved `folder`, as [`attribute_in`] reads it.
 pub(crate) fn parsed_in<T: std::str::FromStr>(
     root: &SysRoot,
     folder: &str,
     name: &str,
 ) -> Result<Option<T>, Unreadable> {
     parse(attribute_in(root, folder, name)?, || join(folder, name))
+}
+
+/// [`parsed_in`] of `name` in a resolved `folder`, as
+/// [`attribute_proving`] reads it.
+pub(crate) fn parsed_proving<T: std::str::FromStr>(
+    root: &SysRoot,
+    folder: &str,
+    name: &str,
+) -> Result<Option<T>, Unreadable> {
+    parse(attribute_proving(root, folder, name)?, || {
+        join(folder, name)
+    })
 }
 
 /// Text read as `T`; `path` names the attribute when it does not parse.

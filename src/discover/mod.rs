@@ -11,7 +11,7 @@ pub mod rdma;
 use crate::pci;
 use crate::publish::Previous;
 use crate::record::{Fact, LinkState, NodeRecord, Spec, Topology, NODE_RECORD_VERSION};
-use crate::sysfs::{join, SysError, SysRoot};
+use crate::sysfs::{SysError, SysRoot};
 use tracing::debug;
 
 /// Discovery could not enumerate the node: nothing may be published from it.
@@ -129,7 +129,7 @@ pub(crate) fn numa_answer(root: &SysRoot, device: &str) -> Result<Option<u32>, k
 /// The `numa_node` attribute of a device folder as the kernel printed it
 /// (`-1` included): `Ok(None)` when there is no such attribute.
 pub(crate) fn numa_node(root: &SysRoot, device: &str) -> Result<Option<i64>, keep::Unreadable> {
-    keep::parsed::<i64>(root, &join(device, "numa_node"))
+    keep::parsed_in::<i64>(root, device, "numa_node")
 }
 
 /// A printed `numa_node` as a node number: `-1` (the kernel's "no node") is none.

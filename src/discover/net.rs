@@ -1,7 +1,7 @@
 //! Network interfaces, starting at `class/net`, with SR-IOV VFs nested under
 //! their physical function.
 
-use super::keep::{attribute, note, parsed, parsed_in, Unreadable};
+use super::keep::{attribute_in, note, parsed_in, parsed_proving, Unreadable};
 use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict};
@@ -234,13 +234,13 @@ impl Walk<'_> {
         if let Some(net) = netdir {
             // The first read in the net folder: it proves the folder where
             // the tree presumed it (the target of a `class/net` link).
-            match parsed_in(root, net, "mtu") {
+            match parsed_proving(root, net, "mtu") {
                 Ok(v) => iface.mtu = v,
                 Err(why) => note(&mut iface, Fact::Mtu, why),
             }
             // `unknown` is what drivers without carrier reporting (loopback, some
             // virtual NICs) say; then the administrative IFF_UP flag decides.
-            match attribute(root, &join(net, "operstate")) {
+            match attribute_in(root, net, "operstate") {
                 Ok(Some(oper)) if !OPERSTATES.contains(&oper.as_str()) => {
                     note(
                         &mut iface,
@@ -251,7 +251,7 @@ impl Walk<'_> {
                 Ok(oper) => {
                     let oper = oper.unwrap_or_default();
                     if oper == "unknown" {
-                        match attribute(root, &join(net, "flags")) {
+                        match attribute_in(root, net, "flags") {
                             Ok(flags) => {
                                 iface.up = flags
                                     .and_then(|f| parse_hex(&f))
@@ -286,18 +286,18 @@ impl Walk<'_> {
         if bus == "pci" {
             iface.pci_bus_id = Some(basename(dev).to_string());
             if function == Function::Top {
-                iface.topology = device_topology(dev);
+                iface.topology = device_topology(dev).map(std::sync::Arc::new);
             }
         }
         // A device without the SR-IOV attributes is not a PF: that absence is the
         // kernel's answer. An unreadable one is not, and must not move a PF with
         // VFs into the whole-interface families.
         if function == Function::Top {
-            match parsed::<u32>(root, &join(dev, "sriov_totalvfs")) {
+            match parsed_in::<u32>(root, dev, "sriov_totalvfs") {
                 Ok(total) => iface.physical_function = total.unwrap_or(0) > 0,
                 Err(why) => note(&mut iface, Fact::PhysicalFunction, why),
             }
-            match parsed::<u32>(root, &join(dev, "sriov_numvfs")) {
+            match parsed_in::<u32>(root, dev, "sriov_numvfs") {
                 Ok(n) => iface.virtual_functions_configured = n.unwrap_or(0),
                 Err(why) => note(&mut iface, Fact::VirtualFunctionsConfigured, why),
             }
@@ -502,9 +502,11 @@ const OPERSTATES: [&str; 7] = [
 /// list (`0-23,48-71`, or nothing): other text is unreadable, not an
 /// answer, and so is never taken for its NUMA node's list either.
 fn read_cpu_list(root: &SysRoot, dev: &str) -> Result<Option<String>, Unreadable> {
-    let rel = join(dev, "local_cpulist");
-    match attribute(root, &rel)? {
-        Some(v) if !is_cpu_list(&v) => Err(Unreadable::NotACpuList { path: rel, text: v }),
+    match attribute_in(root, dev, "local_cpulist")? {
+        Some(v) if !is_cpu_list(&v) => Err(Unreadable::NotACpuList {
+            path: join(dev, "local_cpulist"),
+            text: v,
+        }),
         v => Ok(v),
     }
 }

@@ -4,7 +4,7 @@
 //! every RDMA device whatever its manufacturer.
 
 use crate::record::{CharDevice, LinkState, LinkVerdict, PortReading};
-use crate::sysfs::{join, SysError, SysRoot};
+use crate::sysfs::{join, BuildPathHash, SysError, SysRoot};
 use std::collections::HashMap;
 
 /// The RDMA device bound to a device: the first entry of `<device>/infiniband/`.
@@ -33,7 +33,7 @@ pub fn bound_device(root: &SysRoot, device: &str) -> Result<Option<String>, SysE
 pub struct BoundIndex {
     /// Device folder → the first (by name) RDMA device under it; `None`
     /// when the index could not be read whole.
-    by_device: Option<HashMap<String, String>>,
+    by_device: Option<HashMap<String, String, BuildPathHash>>,
 }
 
 impl BoundIndex {
@@ -44,9 +44,11 @@ impl BoundIndex {
         }
     }
 
-    fn read_whole(root: &SysRoot) -> Option<HashMap<String, String>> {
+    fn read_whole(root: &SysRoot) -> Option<HashMap<String, String, BuildPathHash>> {
         let names = root.list("class/infiniband").ok()?;
-        let mut by_device: HashMap<String, String> = HashMap::with_capacity(names.len());
+        // Keyed by device path: the path hash, not SipHash (one look per
+        // network device of the node).
+        let mut by_device = HashMap::with_capacity_and_hasher(names.len(), BuildPathHash);
         for name in names {
             let canonical = root.resolve(&join("class/infiniband", &name)).ok()?;
             // `<device>/infiniband/<name>`: anything else is not the kernel's layout.
@@ -82,7 +84,7 @@ fn enum_name(value: &str) -> &str {
 /// port read and none carrying the link. Anything else is `Unverified`, because
 /// an unreadable file is never an answer of "no".
 pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
-    let ibdir = join(device, &format!("infiniband/{ibdev}"));
+    let ibdir = join(&join(device, "infiniband"), ibdev);
     let ports_dir = join(&ibdir, "ports");
     let unverified = |reason: String, ports: Vec<PortReading>| LinkVerdict {
         state: LinkState::Unverified,
@@ -160,13 +162,14 @@ impl Port {
 
 /// Reads port `name` of the RDMA device folder `ibdir`.
 fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
-    let dir = join(ibdir, &format!("ports/{name}"));
+    let port = join("ports", &name);
+    let dir = join(ibdir, &port);
     Port {
         // Read as beneath `ibdir`, the target of its `class/infiniband`
         // link, which this read proves where discovery presumed it.
-        state: root.read_trimmed_in(ibdir, &format!("ports/{name}/state")),
-        phys_state: root.read_trimmed(&join(&dir, "phys_state")),
-        link_layer: root.read_trimmed(&join(&dir, "link_layer")).ok(),
+        state: root.read_trimmed_proving(ibdir, &join(&port, "state")),
+        phys_state: root.read_trimmed_in(&dir, "phys_state"),
+        link_layer: root.read_trimmed_in(&dir, "link_layer").ok(),
         name,
     }
 }
@@ -189,7 +192,7 @@ fn numbered_ports(root: &SysRoot, ibdir: &str) -> Option<Vec<Port>> {
     let mut ports = vec![first];
     for n in 2.. {
         let name = n.to_string();
-        match root.has_entry(&join(ibdir, &format!("ports/{name}"))) {
+        match root.has_entry(&join(&join(ibdir, "ports"), &name)) {
             Ok(true) => ports.push(read_port(root, ibdir, name)),
             Ok(false) => break,
             Err(_) => return None,
@@ -209,7 +212,7 @@ fn parse_dev(value: &str) -> Option<(u32, u32)> {
 /// `class/infiniband_verbs/*/{ibdev,dev}`.
 #[derive(Debug, Default)]
 pub struct VerbsIndex {
-    by_ibdev: HashMap<String, CharDevice, crate::sysfs::BuildPathHash>,
+    by_ibdev: HashMap<String, CharDevice, BuildPathHash>,
     checked: Vec<String>,
     /// Some entry (or the class folder) could not be read, so a device
     /// missing from the index may be there: its absence is no answer.
@@ -229,16 +232,19 @@ impl VerbsIndex {
             }
         };
         for uverbs in entries.into_iter().filter(|e| e.starts_with("uverbs")) {
-            let base = format!("class/infiniband_verbs/{uverbs}");
-            let ibdev = root.read_trimmed(&join(&base, "ibdev"));
-            let dev = root.read_trimmed(&join(&base, "dev"));
+            let base = join("class/infiniband_verbs", &uverbs);
+            let ibdev = root.read_trimmed_in(&base, "ibdev");
+            let dev = root.read_trimmed_in(&base, "dev");
             match (ibdev, dev.as_ref().ok().and_then(|d| parse_dev(d))) {
                 (Ok(ibdev), Some((major, minor))) => {
-                    index.checked.push(format!("{base}/ibdev = {ibdev}"));
+                    // Joined, not formatted: one of these per RDMA device.
+                    let mut checked = join(&base, "ibdev = ");
+                    checked.push_str(&ibdev);
+                    index.checked.push(checked);
                     index.by_ibdev.insert(
                         ibdev,
                         CharDevice {
-                            path: format!("/dev/infiniband/{uverbs}"),
+                            path: join("/dev/infiniband", &uverbs),
                             major,
                             minor,
                         },

@@ -114,7 +114,7 @@ pub fn matrix(record: &NodeRecord, rails: Option<&RailRecord>) -> Matrix {
                 .and_then(|p| rails?.nics.get(p).cloned())
                 .unwrap_or_default(),
             pcie_root: i.topology.as_ref().and_then(|t| t.pcie_root.clone()),
-            bridges: outermost_first(i.topology.as_ref()),
+            bridges: outermost_first(i.topology.as_deref()),
         })
         .collect();
     let placed: Vec<pci::Placed> = picked
