@@ -29,7 +29,7 @@ mod trust;
 
 pub use kernel::is_mounted_sysfs;
 pub use record::{Entry, Recorded};
-pub(crate) use resolve::BuildPathHash;
+pub use resolve::BuildPathHash;
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};

@@ -21,8 +21,9 @@ pub struct Scan {
     pub vf_parents: VfParents,
 }
 
-/// VF PCI address → PF PCI address (see [`Scan::vf_parents`]).
-pub type VfParents = std::collections::HashMap<String, String>;
+/// VF PCI address → PF PCI address (see [`Scan::vf_parents`]), hashed as
+/// paths are: one insert per VF and one look per PCI function.
+pub type VfParents = std::collections::HashMap<String, String, crate::sysfs::BuildPathHash>;
 
 /// The `local_cpulist` read this pass for a PCI function on each NUMA node,
 /// by the node its `numa_node` printed (`-1` included).

@@ -46,20 +46,16 @@ pub(super) fn with_c_path<T>(
     f: impl FnOnce(&std::ffi::CStr) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     let invalid = || std::io::Error::from(std::io::ErrorKind::InvalidInput);
-    // Most paths hold no escape and no NUL, and are their own bytes: one
-    // search for either settles it.
-    let unescaped;
-    let bytes: &[u8] = match memchr::memchr2(b'\\', 0, rel.as_bytes()) {
-        None => rel.as_bytes(),
-        Some(_) => {
-            unescaped = unescape(rel).ok_or_else(|| not_a_path(rel))?;
-            // A NUL inside would end the path early: refused, as `CString` would.
-            if unescaped.contains(&0) {
-                return Err(invalid());
-            }
-            &unescaped
-        }
+    // Most paths hold no escape and are their own bytes.
+    let bytes = match rel.as_bytes().contains(&b'\\') {
+        false => Cow::Borrowed(rel.as_bytes()),
+        true => unescape(rel).ok_or_else(|| not_a_path(rel))?,
     };
+    let bytes = &bytes[..];
+    // A NUL inside would end the path early: refused, as `CString` would.
+    if bytes.contains(&0) {
+        return Err(invalid());
+    }
     // Left unwritten past the path and its NUL: zeroing the buffer on every
     // call cost as much as the copy.
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 512];

@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 /// from the tree being read; a tree built to collide them only slows its
 /// own pass down.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct BuildPathHash;
+pub struct BuildPathHash;
 
 /// The running state of [`BuildPathHash`].
-pub(crate) struct PathHash(u64);
+pub struct PathHash(u64);
 
 impl PathHash {
     fn add(&mut self, word: u64) {
