@@ -181,6 +181,22 @@ pub fn join(base: &str, name: &str) -> String {
     out
 }
 
+/// Calls `f` with `folder/name`, joined in a buffer on the stack when it
+/// fits (every sysfs path does), as [`join`] would join them: for a path
+/// only handed on, not kept.
+pub fn with_joined<T>(folder: &str, name: &str, f: impl FnOnce(&str) -> T) -> T {
+    let mut buf = [0u8; 512];
+    let len = folder.len() + 1 + name.len();
+    if folder.is_empty() || len > buf.len() {
+        return f(&join(folder, name));
+    }
+    buf[..folder.len()].copy_from_slice(folder.as_bytes());
+    buf[folder.len()] = b'/';
+    buf[folder.len() + 1..len].copy_from_slice(name.as_bytes());
+    // Two texts and a `/` between them are text.
+    f(std::str::from_utf8(&buf[..len]).expect("joined text is text"))
+}
+
 /// The last path component of a resolved path (`devices/…/0000:03:00.0` → `0000:03:00.0`).
 pub fn basename(rel: &str) -> &str {
     Path::new(rel)

@@ -13,7 +13,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use crate::{floor, load, measured, quantile, report, run_once, strace};
+use crate::{floor, installed, load, measured, quantile, report, run_once, strace};
 
 /// The replayer, after `floor::compile`'s `read_list`. Its list: one call a line, `KIND FLAGS RESOLVE PATH`,
 /// KIND `F` (open, read, close), `D` (open, list to the end, close), `P`
@@ -131,11 +131,17 @@ fn calls(log: &str, root: &Path) -> Vec<String> {
 }
 
 /// Runs the replay study at `endpoints`; its table rows.
-fn study(endpoints: u32, rounds: usize, replayer: &Path, floor_bin: &Path) -> Vec<String> {
+fn study(
+    endpoints: u32,
+    rounds: usize,
+    replayer: &Path,
+    floor_bin: &Path,
+    hook: &Path,
+) -> Vec<String> {
     let site = floor::site(endpoints);
     let (dir, tree) = (&site.dir, &site.tree);
     let log = dir.path().join("calls.strace");
-    let mut ours = Command::new(env!("CARGO_BIN_EXE_nodefabric"));
+    let mut ours = Command::new(hook);
     ours.args(["features", "--sysfs-root"]).arg(tree);
     strace::run(
         &ours,
@@ -178,7 +184,7 @@ fn study(endpoints: u32, rounds: usize, replayer: &Path, floor_bin: &Path) -> Ve
     let mut base = Command::new(floor_bin);
     base.arg(&site.manifest).arg(tree);
     commands.push(base);
-    run_once(tree);
+    run_once(hook, tree);
     let n = commands.len();
     let mut times = vec![Vec::new(); n];
     for round in 0..rounds {
@@ -224,9 +230,10 @@ pub fn replay() {
     let work = tempfile::tempdir().unwrap();
     let replayer = floor::compile(work.path(), "replay", SOURCE);
     let floor_bin = floor::build(work.path());
+    let (hook, _) = installed(work.path());
     let before = load();
-    let mut rows = study(8, 201, &replayer, &floor_bin);
-    rows.extend(study(512, 31, &replayer, &floor_bin));
+    let mut rows = study(8, 201, &replayer, &floor_bin, &hook);
+    rows.extend(study(512, 31, &replayer, &floor_bin, &hook));
     let after = load();
     let section = format!(
         "## Where the hook's time goes beyond its floor: its system calls replayed\n\n\

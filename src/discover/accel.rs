@@ -4,7 +4,7 @@ use super::net::VfParents;
 use super::{device_topology, numa_answer};
 use crate::publish::Previous;
 use crate::record::{Accelerator, AcceleratorGroup, Fact, UnreadableFact, Vendor};
-use crate::sysfs::{basename, join, parse_hex, BuildPathHash, SysError, SysRoot};
+use crate::sysfs::{basename, join, parse_hex, with_joined, BuildPathHash, SysError, SysRoot};
 use std::collections::{BTreeMap, HashMap};
 use tracing::{debug, warn};
 
@@ -64,7 +64,7 @@ pub fn accelerators(
         if pf_vendor.is_some_and(|v| Vendor::from_pci_id(*v).is_none()) {
             continue;
         }
-        let dev = match root.resolve(&join("bus/pci/devices", &entry)) {
+        let dev = match with_joined("bus/pci/devices", &entry, |rel| root.resolve(rel)) {
             Ok(d) => d,
             Err(e) => {
                 warn!("skipping PCI device {entry}: {e}");

@@ -5,7 +5,7 @@ use super::keep::{attribute_in, note, parsed_in, parsed_proving, Unreadable};
 use super::{device_topology, node_number, numa_node};
 use crate::discover::rdma;
 use crate::record::{Fact, Interface, LinkState, LinkVerdict};
-use crate::sysfs::{basename, join, parse_hex, SysError, SysRoot};
+use crate::sysfs::{basename, join, parse_hex, with_joined, SysError, SysRoot};
 use tracing::warn;
 
 /// What the `class/net` walk found: the interfaces, and its VFs known as
@@ -141,8 +141,9 @@ type VfNetdevs<'a> =
 
 /// Resolves one `class/net` entry's folders.
 fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
-    let netdir = root.resolve(&join("class/net", name))?;
-    let device = match root.resolve(&join(&netdir, "device")) {
+    // Joined on the stack: each path is only handed to the resolver.
+    let netdir = with_joined("class/net", name, |rel| root.resolve(rel))?;
+    let device = match with_joined(&netdir, "device", |rel| root.resolve(rel)) {
         Ok(d) => Some(d),
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(e),
@@ -150,7 +151,7 @@ fn locate(root: &SysRoot, name: &str) -> Result<Located, SysError> {
     // A VF is listed by its PF, not on its own.
     let is_vf = device
         .as_ref()
-        .is_some_and(|dev| root.exists(&join(dev, "physfn")));
+        .is_some_and(|dev| with_joined(dev, "physfn", |rel| root.exists(rel)));
     Ok(Located {
         netdir,
         device,
@@ -361,7 +362,7 @@ impl Walk<'_> {
         // of VFs moved every one of them several times.
         let mut vfs = Vec::with_capacity(links.len());
         for entry in links {
-            let vf_dev = match root.resolve(&join(pf_dev, entry)) {
+            let vf_dev = match with_joined(pf_dev, entry, |rel| root.resolve(rel)) {
                 Ok(d) => d,
                 Err(e) if counted && e.is_not_found() => return None,
                 Err(e) => {

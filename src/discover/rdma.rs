@@ -4,7 +4,7 @@
 //! every RDMA device whatever its manufacturer.
 
 use crate::record::{CharDevice, LinkState, LinkVerdict, PortReading};
-use crate::sysfs::{join, BuildPathHash, SysError, SysRoot};
+use crate::sysfs::{join, with_joined, BuildPathHash, SysError, SysRoot};
 use std::collections::HashMap;
 
 /// The RDMA device bound to a device: the first entry of `<device>/infiniband/`.
@@ -50,7 +50,7 @@ impl BoundIndex {
         // network device of the node).
         let mut by_device = HashMap::with_capacity_and_hasher(names.len(), BuildPathHash);
         for name in names {
-            let canonical = root.resolve(&join("class/infiniband", &name)).ok()?;
+            let canonical = with_joined("class/infiniband", &name, |rel| root.resolve(rel)).ok()?;
             // `<device>/infiniband/<name>`: anything else is not the kernel's layout.
             let device = canonical
                 .strip_suffix(name.as_str())?
@@ -84,8 +84,8 @@ fn enum_name(value: &str) -> &str {
 /// port read and none carrying the link. Anything else is `Unverified`, because
 /// an unreadable file is never an answer of "no".
 pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
-    let ibdir = join(&join(device, "infiniband"), ibdev);
-    let ports_dir = join(&ibdir, "ports");
+    let ibdir = [device, "infiniband", ibdev].join("/");
+    let ports_dir = || join(&ibdir, "ports");
     let unverified = |reason: String, ports: Vec<PortReading>| LinkVerdict {
         state: LinkState::Unverified,
         reason: Some(reason),
@@ -94,8 +94,10 @@ pub fn link_verdict(root: &SysRoot, device: &str, ibdev: &str) -> LinkVerdict {
     };
     let readings = match numbered_ports(root, &ibdir) {
         Some(readings) => readings,
-        None => match root.list(&ports_dir) {
-            Ok(p) if p.is_empty() => return unverified(format!("{ports_dir}: no ports"), vec![]),
+        None => match root.list(&ports_dir()) {
+            Ok(p) if p.is_empty() => {
+                return unverified(format!("{}: no ports", ports_dir()), vec![])
+            }
             // Exactly one reading per port: grown from empty, one port took
             // room for four (3.8 MB at 10,000 endpoints).
             Ok(p) => p
@@ -162,12 +164,11 @@ impl Port {
 
 /// Reads port `name` of the RDMA device folder `ibdir`.
 fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
-    let port = join("ports", &name);
-    let dir = join(ibdir, &port);
+    let dir = [ibdir, "ports", &name].join("/");
     Port {
         // Read as beneath `ibdir`, the target of its `class/infiniband`
         // link, which this read proves where discovery presumed it.
-        state: root.read_trimmed_proving(ibdir, &join(&port, "state")),
+        state: root.read_trimmed_proving(ibdir, &["ports", &name, "state"].join("/")),
         phys_state: root.read_trimmed_in(&dir, "phys_state"),
         link_layer: root.read_trimmed_in(&dir, "link_layer").ok(),
         name,
@@ -192,7 +193,7 @@ fn numbered_ports(root: &SysRoot, ibdir: &str) -> Option<Vec<Port>> {
     let mut ports = vec![first];
     for n in 2.. {
         let name = n.to_string();
-        match root.has_entry(&join(&join(ibdir, "ports"), &name)) {
+        match root.has_entry(&[ibdir, "ports", &name].join("/")) {
             Ok(true) => ports.push(read_port(root, ibdir, name)),
             Ok(false) => break,
             Err(_) => return None,

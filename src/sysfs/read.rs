@@ -27,7 +27,7 @@ impl SysRoot {
     /// reads the two joined, joined on the stack instead of the heap (every
     /// attribute of every device is read so).
     pub fn read_in(&self, folder: &str, name: &str) -> Result<String, SysError> {
-        with_joined(folder, name, |rel| self.read_beneath(rel, None))
+        super::with_joined(folder, name, |rel| self.read_beneath(rel, None))
     }
 
     /// [`Self::read_in`] trimmed as [`Self::read_trimmed`] trims.
@@ -43,7 +43,7 @@ impl SysRoot {
     /// first attribute beneath each link target it resolves.
     pub fn read_trimmed_proving(&self, folder: &str, name: &str) -> Result<String, SysError> {
         let folder_t = folder.trim_start_matches('/');
-        let mut v = with_joined(folder, name, |rel| self.read_beneath(rel, Some(folder_t)))?;
+        let mut v = super::with_joined(folder, name, |rel| self.read_beneath(rel, Some(folder_t)))?;
         trim_in_place(&mut v);
         Ok(v)
     }
@@ -297,21 +297,6 @@ impl SysRoot {
         }
         true
     }
-}
-
-/// Calls `f` with `folder/name`, joined in a buffer on the stack when it
-/// fits (every sysfs path does), as [`super::join`] would join them.
-fn with_joined<T>(folder: &str, name: &str, f: impl FnOnce(&str) -> T) -> T {
-    let mut buf = [0u8; 512];
-    let len = folder.len() + 1 + name.len();
-    if folder.is_empty() || len > buf.len() {
-        return f(&super::join(folder, name));
-    }
-    buf[..folder.len()].copy_from_slice(folder.as_bytes());
-    buf[folder.len()] = b'/';
-    buf[folder.len() + 1..len].copy_from_slice(name.as_bytes());
-    // Two texts and a `/` between them are text.
-    f(std::str::from_utf8(&buf[..len]).expect("joined text is text"))
 }
 
 /// Trims `v`'s white space in place: one allocation per attribute, not two.

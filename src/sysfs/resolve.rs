@@ -82,15 +82,16 @@ impl Place {
 pub(crate) type Places = hashbrown::HashMap<String, Place, BuildPathHash>;
 
 /// What one pass's resolutions know of a path (see [`SysRoot::resolve`]).
-enum Known {
+enum Known<'a> {
     /// It was resolved, and is itself canonical: the asker's own text is
     /// the answer (no copy is made here).
     Canonical,
     /// It was resolved: to this other, canonical path.
     Resolved(String),
     /// Only its folder was resolved: the path's last name joined to where
-    /// that folder resolved (canonical if that name is no link).
-    Under(String),
+    /// that folder resolved (canonical if that name is no link); the
+    /// asker's own text where the folder is itself canonical.
+    Under(std::borrow::Cow<'a, str>),
     /// Neither it nor its folder.
     Neither,
 }
@@ -189,10 +190,12 @@ impl SysRoot {
         {
             return Err(None);
         }
-        let candidate = match (known, folder) {
+        let candidate: std::borrow::Cow<str> = match (known, folder) {
             (Some(c), _) => c,
-            (None, None) => name.to_string(),
-            (None, Some(p)) => join(&self.resolve_hops(p, hops, true).map_err(|_| None)?, name),
+            (None, None) => name.into(),
+            (None, Some(p)) => {
+                join(&self.resolve_hops(p, hops, true).map_err(|_| None)?, name).into()
+            }
         };
         let mut link = [0u8; 512];
         let text = match self.read_link_under(&candidate, &mut link) {
@@ -200,7 +203,7 @@ impl SysRoot {
             // Not a link: the entry is there, and canonical under its folder.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.remember(rel_t, &candidate);
-                return Ok(candidate);
+                return Ok(candidate.into_owned());
             }
             Err(e) if hops == 0 && e.kind() == std::io::ErrorKind::NotFound => return Err(Some(e)),
             Err(_) => return Err(None),
@@ -263,7 +266,7 @@ impl SysRoot {
     /// What this pass knows of `rel` (see [`Known`]): one lock, at most two
     /// looks, and a folder's path joined while the cache is held, so it is
     /// not copied out first.
-    fn known(&self, rel: &str) -> Known {
+    fn known<'a>(&self, rel: &'a str) -> Known<'a> {
         let cache = self.folders.lock().expect("folder cache lock");
         if let Some(hit) = cache.get(rel) {
             return match hit {
@@ -274,8 +277,8 @@ impl SysRoot {
         match split_last(rel)
             .and_then(|(folder, name)| cache.get(folder).map(|hit| (folder, hit, name)))
         {
-            Some((_, Place::At(out), name)) => Known::Under(join(out, name)),
-            Some((folder, _, name)) => Known::Under(join(folder, name)),
+            Some((_, Place::At(out), name)) => Known::Under(join(out, name).into()),
+            Some(_) => Known::Under(rel.into()),
             None => Known::Neither,
         }
     }
