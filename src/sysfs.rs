@@ -684,6 +684,35 @@ mod tests {
     }
 
     #[test]
+    fn a_folders_count_is_its_subfolders_and_says_nothing_of_a_link_or_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = dir.path().join("devices/ib/ports");
+        for p in ["1", "2", "3"] {
+            fs::create_dir_all(ports.join(p)).unwrap();
+        }
+        fs::write(ports.join("not-a-port"), "").unwrap();
+        std::os::unix::fs::symlink("1", ports.join("link")).unwrap();
+        std::os::unix::fs::symlink("ports", dir.path().join("devices/ib/alias")).unwrap();
+        for (way, root) in every_way(dir.path()) {
+            // Asked only in a folder this pass resolved.
+            assert_eq!(root.folders_in("devices/ib/ports"), None, "{way}");
+            root.resolve("devices/ib").unwrap();
+            let want = match way {
+                "no root handle" => None,
+                _ => Some(3),
+            };
+            assert_eq!(root.folders_in("devices/ib/ports"), want, "{way}");
+            assert_eq!(root.folders_in("devices/ib/alias"), None, "{way}: a link");
+            assert_eq!(
+                root.folders_in("devices/ib/ports/not-a-port"),
+                None,
+                "{way}"
+            );
+            assert_eq!(root.folders_in("devices/ib/none"), None, "{way}");
+        }
+    }
+
+    #[test]
     fn a_tree_without_openat2_never_presumes() {
         let dir = tempfile::tempdir().unwrap();
         netdev_tree(dir.path());

@@ -178,26 +178,32 @@ fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
 /// The ports of the RDMA device folder `ibdir` found without listing its
 /// `ports`: the kernel numbers a channel adapter's ports 1 to N with no
 /// gap (its port folders are made for each port from the first to the
-/// last), so port 1 is read at once and each next number is asked for
-/// until one is not there: one call past the last port, where a listing
-/// costs four.
+/// last), and N is the count of folders `ports` holds, which its link
+/// count gives in one call where a listing costs four. Port 1 is read
+/// first: it proves `ibdir` where discovery presumed it, which the count
+/// needs (see [`SysRoot::folders_in`]).
 /// `None` when port 1 has no `state` (a switch numbers its one port 0, a
-/// damaged tree may lack it) or a next port cannot be asked for: the
-/// caller lists the folder, which names any fault. Sorted as a listing
-/// sorts them, so either way gives the same record.
+/// damaged tree may lack it), the count says nothing, or a port it counts
+/// has no `state`: the caller lists the folder, which names any fault.
+/// Sorted as a listing sorts them, so either way gives the same record.
 fn numbered_ports(root: &SysRoot, ibdir: &str) -> Option<Vec<Port>> {
+    let missing = |port: &Port| port.state.as_ref().is_err_and(SysError::is_not_found);
     let first = read_port(root, ibdir, "1".to_string());
-    if first.state.as_ref().is_err_and(SysError::is_not_found) {
+    if missing(&first) {
         return None;
     }
-    let mut ports = vec![first];
-    for n in 2.. {
-        let name = n.to_string();
-        match root.has_entry(&[ibdir, "ports", &name].join("/")) {
-            Ok(true) => ports.push(read_port(root, ibdir, name)),
-            Ok(false) => break,
-            Err(_) => return None,
+    let count = root.folders_in(&join(ibdir, "ports"))?;
+    if count == 0 {
+        return None;
+    }
+    let mut ports = Vec::with_capacity(count as usize);
+    ports.push(first);
+    for n in 2..=count {
+        let port = read_port(root, ibdir, n.to_string());
+        if missing(&port) {
+            return None;
         }
+        ports.push(port);
     }
     ports.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     Some(ports)

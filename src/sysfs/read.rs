@@ -284,6 +284,45 @@ impl SysRoot {
         }
     }
 
+    /// How many folders the folder `rel` holds, from its link count (2, and
+    /// one for each folder in it, on sysfs, tmpfs and the usual disk
+    /// formats), without listing it: one `fstatat(2)`, which finds what is
+    /// there where asking for the next name finds what is not (a name that
+    /// is not there costs a tmpfs lookup twice what one that is does).
+    /// `rel` must lie in a folder known canonical, and its last name is not
+    /// followed, so the answer is of a folder inside the root. `None` where
+    /// the count says nothing (a link, not a folder, a count under 2, a
+    /// recording tree, no root handle): the caller lists the folder.
+    pub fn folders_in(&self, rel: &str) -> Option<u64> {
+        use std::os::fd::AsRawFd;
+        let dir = self.handle.as_ref().filter(|_| !self.recording_on())?;
+        let rel_t = rel.trim_start_matches('/');
+        if !self.in_canonical_folder(rel_t) {
+            return None;
+        }
+        let stat = with_c_path(rel_t, |path| {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: a valid directory fd, a NUL-terminated path and room
+            // for one `stat`, which the kernel fills when it answers 0.
+            let rc = unsafe {
+                libc::fstatat(
+                    dir.as_raw_fd(),
+                    path.as_ptr(),
+                    st.as_mut_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: filled by the kernel, which answered 0.
+            Ok(unsafe { st.assume_init() })
+        })
+        .ok()?;
+        let folder = stat.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        (folder && stat.st_nlink >= 2).then(|| stat.st_nlink as u64 - 2)
+    }
+
     /// True when `rel` exists (after resolving links) inside the root.
     pub fn exists(&self, rel: &str) -> bool {
         if !self.recording_on() {

@@ -777,6 +777,12 @@ fn every_numbered_port_counts_in_the_verdict() {
         .map(|p| p["port"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["1", "2", "3"]);
+    // A folder in `ports` that is no port: the count and the numbers
+    // disagree, and the listing reads it as the port it claims to be.
+    fs::create_dir(ports.join("extra")).unwrap();
+    let link = link_of(dir.path());
+    assert_eq!(link["ports"].as_array().unwrap().len(), 4, "{link}");
+    assert_eq!(link["ports"][3]["port"], "extra", "{link}");
 }
 
 /// The names of the VFs of the one PF of the tree at `dir`, by address.
