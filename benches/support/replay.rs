@@ -3,7 +3,8 @@
 //! and its own work. A C program replays, from an strace of nodefabric on
 //! the same tree, exactly the calls it made under the tree (each `openat2`
 //! with its flags and resolve mode, then the `read` of a file, the listing
-//! of a folder or the `close` of an `O_PATH` handle; each `readlinkat`),
+//! of a folder or the `close` of an `O_PATH` handle; each `readlinkat`;
+//! each `fstatat` of a folder it counts),
 //! and nothing else; then the same without the `O_PATH` checks, and
 //! without the folder listings too. Each is timed in rotating order with
 //! nodefabric and the floor; the median of the per-run ratios to the floor
@@ -17,12 +18,14 @@ use crate::{floor, installed, load, measured, quantile, report, run_once, strace
 
 /// The replayer, after `floor::compile`'s `read_list`. Its list: one call a line, `KIND FLAGS RESOLVE PATH`,
 /// KIND `F` (open, read, close), `D` (open, list to the end, close), `P`
-/// (open, close), `L` (readlinkat; flags unused); the paths under the root
+/// (open, close), `L` (readlinkat; flags unused), `S` (fstatat, not
+/// following the last name; flags unused); the paths under the root
 /// given second, opened as nodefabric opens them (beneath a handle on the
 /// root). A failed open is made and fails as it did.
 const SOURCE: &str = r#"
 #include <linux/openat2.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
@@ -41,6 +44,9 @@ int main(int argc, char **argv) {
         char *path = p + 1;
         if (line[0] == 'L') {
             readlinkat(root, path, buf, 512);
+        } else if (line[0] == 'S') {
+            struct stat st;
+            fstatat(root, path, &st, AT_SYMLINK_NOFOLLOW);
         } else {
             struct open_how how = {.flags = flags, .resolve = resolve};
             int fd = syscall(SYS_openat2, root, path, &how, sizeof how);
@@ -84,8 +90,8 @@ fn resolve(name: &str) -> u64 {
 
 /// The calls nodefabric made beneath `root`, from an strace log without
 /// `-y`: its handle on the root is the fd the first `open*` of the root
-/// returned; every `openat2` and `readlinkat` on that fd is a line for
-/// [`SOURCE`].
+/// returned; every `openat2`, `readlinkat` and `newfstatat` on that fd is
+/// a line for [`SOURCE`].
 fn calls(log: &str, root: &Path) -> Vec<String> {
     let root_text = format!("\"{}\"", root.display());
     let mut fd = None;
@@ -103,6 +109,9 @@ fn calls(log: &str, root: &Path) -> Vec<String> {
         if let Some(rest) = call.strip_prefix(&prefix("readlinkat")) {
             let path = &rest[..rest.find('"').expect("quoted path")];
             out.push(format!("L 0 0 {path}"));
+        } else if let Some(rest) = call.strip_prefix(&prefix("newfstatat")) {
+            let path = &rest[..rest.find('"').expect("quoted path")];
+            out.push(format!("S 0 0 {path}"));
         } else if let Some(rest) = call.strip_prefix(&prefix("openat2")) {
             let path = &rest[..rest.find('"').expect("quoted path")];
             let how = &rest[rest.find("{flags=").expect("open_how") + 7..];
@@ -145,7 +154,7 @@ fn study(
     ours.args(["features", "--sysfs-root"]).arg(tree);
     strace::run(
         &ours,
-        &["-f", "-e", "trace=openat,openat2,readlinkat"],
+        &["-f", "-e", "trace=openat,openat2,readlinkat,newfstatat"],
         &log,
     );
     let all = calls(&fs::read_to_string(&log).unwrap(), tree);
@@ -162,7 +171,7 @@ fn study(
     let count = |k: char| all.iter().filter(|c| c.starts_with(k)).count();
     let variants = [
         (
-            format!("its calls replayed: {} `openat2` ({} files, {} folders listed, {} `O_PATH`), {} `readlinkat`", all.len() - count('L'), count('F'), count('D'), count('P'), count('L')),
+            format!("its calls replayed: {} `openat2` ({} files, {} folders listed, {} `O_PATH`), {} `readlinkat`, {} `fstatat`", count('F') + count('D') + count('P'), count('F'), count('D'), count('P'), count('L'), count('S')),
             write("all", &|_| true),
         ),
         (
@@ -239,7 +248,7 @@ pub fn replay() {
         "## Where the hook's time goes beyond its floor: its system calls replayed\n\n\
          `cargo bench --bench features -- --replay` (needs `strace` and `cc`): `nodefabric features` once under strace on the generated tree (`fixtures::large`, tmpfs); \
          a C program (`benches/support/replay.rs`) then makes exactly the calls nodefabric made beneath the tree, with the same flags and resolve modes: each `openat2`, \
-         followed by one `read` of a file, the listing of a folder to its end or the `close` of an `O_PATH` check, and each `readlinkat`; nothing else. \
+         followed by one `read` of a file, the listing of a folder to its end or the `close` of an `O_PATH` check, each `readlinkat` and each `fstatat` (an RDMA device's `ports` counted); nothing else. \
          The replay without the `O_PATH` checks, and without the folder listings too, tells what each costs. Each program is run in rotating order, \
          with nodefabric and the floor, through the same measuring process as the table above ({} rounds at 8 endpoints, {} at 512); each ratio is the median of the \
          ratios to the floor of the same round. What the full replay costs over the floor is the system calls nodefabric adds to its reads; what nodefabric costs over \
