@@ -607,6 +607,24 @@ async fn a_fifo_dev_zero_an_oversized_spec_or_a_dangling_link_neither_stall_nor_
     drop(plugin);
 }
 
+/// How many lines the plugin has logged once a whole second passes with no
+/// new one (at most a minute of waiting, then the test fails).
+async fn quiet_log(plugin: &Plugin) -> usize {
+    let mut seen = plugin.log_lines().len();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = plugin.log_lines().len();
+        if now == seen {
+            return now;
+        }
+        seen = now;
+    }
+    panic!(
+        "the plugin kept logging for a minute: {:#?}",
+        plugin.log_lines()
+    );
+}
+
 #[tokio::test]
 async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_line() {
     let d = Dirs::published("n", fixtures::no_accelerator);
@@ -637,7 +655,27 @@ async fn an_idle_plugin_neither_reloads_nor_logs_and_waits_for_kubelet_with_one_
         |m| m.lines().any(|l| l == reloads),
     )
     .await;
-    let settled = plugin.log_lines().len();
+    // The plugin's side of each registration ends after kubelet has
+    // counted it: its line for each resource, kubelet's answer, and at
+    // debug level the registration client's connection closing. Settled is
+    // all three logged and answered, then a second in which the log did
+    // not grow.
+    wait::until_async(
+        "all three registrations logged and answered",
+        || plugin.log_lines(),
+        |log| {
+            let registered = log
+                .iter()
+                .filter(|l| l.contains("registered with kubelet resource="))
+                .count();
+            registered == 3
+                && log
+                    .iter()
+                    .any(|l| l.contains("kubelet answered: registered"))
+        },
+    )
+    .await;
+    let settled = quiet_log(&plugin).await;
     // Longer than the default poll interval (10 s): the tick only stats.
     tokio::time::sleep(Duration::from_secs(11)).await;
     let metrics = http_get(&addr, "/metrics").1;
