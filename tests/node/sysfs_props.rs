@@ -175,4 +175,43 @@ proptest! {
             }
         }
     }
+
+    /// While a tree presumes link targets plain (see `sysfs::trust`), an
+    /// answer may be wrong only if settling then says a presumption failed:
+    /// discovery reads the tree again whenever it does, so no wrong answer
+    /// is ever kept. Asked the same way, a tree that settles answered as
+    /// the kernel does.
+    #[test]
+    fn a_presumed_answer_is_right_or_settling_says_it_may_not_be(
+        links in prop::collection::vec(link(), 4..32),
+        queries in prop::collection::vec(query(), 1..32),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let root: PathBuf = fs::canonicalize(dir.path()).unwrap().join("sys");
+        fs::create_dir(&root).unwrap();
+        fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        fs::write(dir.path().join("a/f"), "outside\n").unwrap();
+        build(&root, &links);
+        let sys = SysRoot::new(&root).unwrap();
+        sys.presume();
+        let mut wrong = Vec::new();
+        for round in 0..2 {
+            for q in &queries {
+                let rel = path_of(q);
+                let want = reference(&root, &disk_path_of(q));
+                let got = ours(&sys, &rel);
+                // The first read beneath an answer proves it, as discovery reads.
+                if let Answer::Inside(at) = &got {
+                    if let Some((folder, name)) = at.rsplit_once('/') {
+                        let _ = sys.read_trimmed_proving(folder, name);
+                    }
+                }
+                if got != want {
+                    wrong.push(format!("round {round}: {rel}: {got:?}, the kernel {want:?}"));
+                }
+            }
+        }
+        let held = sys.settle();
+        prop_assert!(wrong.is_empty() || !held, "settled though wrong: {:#?}", wrong);
+    }
 }
