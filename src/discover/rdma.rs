@@ -179,9 +179,9 @@ fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
 /// `ports`: the kernel numbers a channel adapter's ports 1 to N with no
 /// gap (its port folders are made for each port from the first to the
 /// last), and N is the count of folders `ports` holds, which its link
-/// count gives in one call where a listing costs four. Port 1 is read
-/// first: it proves `ibdir` where discovery presumed it, which the count
-/// needs (see [`SysRoot::folders_in`]).
+/// count gives in one call where a listing costs four (asked only in a
+/// folder the pass resolved: `ibdir` is the target of its
+/// `class/infiniband` link; see [`SysRoot::folders_in`]).
 /// `None` when port 1 has no `state` (a switch numbers its one port 0, a
 /// damaged tree may lack it), the count says nothing, or a port it counts
 /// has no `state`: the caller lists the folder, which names any fault.
@@ -244,10 +244,7 @@ impl VerbsIndex {
             let dev = root.read_trimmed_in(&base, "dev");
             match (ibdev, dev.as_ref().ok().and_then(|d| parse_dev(d))) {
                 (Ok(ibdev), Some((major, minor))) => {
-                    // Joined, not formatted: one of these per RDMA device.
-                    let mut checked = join(&base, "ibdev = ");
-                    checked.push_str(&ibdev);
-                    index.checked.push(checked);
+                    index.checked.push(format!("{base}/ibdev = {ibdev}"));
                     index.by_ibdev.insert(
                         ibdev,
                         CharDevice {

@@ -309,6 +309,7 @@ impl SysRoot {
             false => Place::Canonical,
         };
         while path.len() > known.len() {
+            let presumed = matches!(place, Place::Presumed);
             // One hash per folder: looked up and, where missing, added.
             match cache.entry_ref(path) {
                 hashbrown::hash_map::EntryRef::Occupied(e) if e.get().canonical() => break,
@@ -319,7 +320,7 @@ impl SysRoot {
                     e.insert(place);
                 }
             }
-            if path.len() == rel.len() && presuming {
+            if presumed {
                 self.presumed_one();
             }
             place = Place::Canonical;

@@ -67,14 +67,18 @@ fn run_helm(helm: &Path, args: &[&str], values: &[&Path]) -> Output {
         .unwrap_or_else(|e| panic!("{}: {e}", helm.display()))
 }
 
+/// `helm template` of the chart as the release, with `extra` arguments
+/// (`--set`, `--kube-version`) and `values` files.
+fn template(helm: &Path, extra: &[&str], values: &[&Path]) -> Output {
+    let chart = chart();
+    let mut args = vec!["template", RELEASE, chart.to_str().unwrap(), "-n", NS];
+    args.extend_from_slice(extra);
+    run_helm(helm, &args, values)
+}
+
 /// `helm template` with `values`, every document parsed.
 fn render(helm: &Path, values: &[&Path]) -> Vec<Value> {
-    let chart = chart();
-    let out = run_helm(
-        helm,
-        &["template", RELEASE, chart.to_str().unwrap(), "-n", NS],
-        values,
-    );
+    let out = template(helm, &[], values);
     assert!(
         out.status.success(),
         "helm template {values:?}: {}",
@@ -728,7 +732,6 @@ fn each_invalid_values_file_is_refused_with_its_schema_error() {
     let Some(helm) = helm("each_invalid_values_file_is_refused_with_its_schema_error") else {
         return;
     };
-    let chart = chart();
     // (file, words the error must carry, whether the binary refuses the block too)
     let cases = [
         (
@@ -759,11 +762,7 @@ fn each_invalid_values_file_is_refused_with_its_schema_error() {
     ];
     for (file, words, binary_refuses) in cases {
         let path = invalid(file);
-        let out = run_helm(
-            &helm,
-            &["template", RELEASE, chart.to_str().unwrap(), "-n", NS],
-            &[&path],
-        );
+        let out = template(&helm, &[], &[&path]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{file}: rendered");
         assert!(
@@ -795,12 +794,7 @@ fn a_config_map_name_equal_to_the_rails_config_is_refused_by_name() {
         seed.replace("topograph-nic-rails", "nodefabric-rails-config"),
     )
     .unwrap();
-    let chart = chart();
-    let out = run_helm(
-        &helm,
-        &["template", RELEASE, chart.to_str().unwrap(), "-n", NS],
-        &[&values],
-    );
+    let out = template(&helm, &[], &[&values]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -1090,24 +1084,8 @@ fn the_hook_mode_installs_into_source_d_as_the_nfd_hook_component_does() {
 fn the_dra_driver_on_a_cluster_before_1_34_is_refused_naming_its_version() {
     let test = "the_dra_driver_on_a_cluster_before_1_34_is_refused_naming_its_version";
     let Some(helm) = helm(test) else { return };
-    let chart = chart();
-    let template = |kube: &str, set: &str| {
-        run_helm(
-            &helm,
-            &[
-                "template",
-                RELEASE,
-                chart.to_str().unwrap(),
-                "-n",
-                NS,
-                "--kube-version",
-                kube,
-                "--set",
-                set,
-            ],
-            &[],
-        )
-    };
+    let template =
+        |kube: &str, set: &str| template(&helm, &["--kube-version", kube, "--set", set], &[]);
     let out = template("1.33.4", "dra.enabled=true");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "rendered on 1.33");
@@ -1132,7 +1110,6 @@ fn the_dra_driver_on_a_cluster_before_1_34_is_refused_naming_its_version() {
 fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
     let test = "the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name";
     let Some(helm) = helm(test) else { return };
-    let chart = chart();
     let rails = ci("custom-resource-values.yaml");
     for (set, values, says) in [
         ("publisher.mode=hook", vec![], "devicePlugin.enabled=false"),
@@ -1147,19 +1124,7 @@ fn the_hook_mode_with_the_device_plugin_or_rails_is_refused_by_name() {
             "dra.enabled=false",
         ),
     ] {
-        let out = run_helm(
-            &helm,
-            &[
-                "template",
-                RELEASE,
-                chart.to_str().unwrap(),
-                "-n",
-                NS,
-                "--set",
-                set,
-            ],
-            &values,
-        );
+        let out = template(&helm, &["--set", set], &values);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{set}: rendered");
         assert!(
@@ -1258,7 +1223,6 @@ fn the_charts_dra_driver_is_the_dra_components_with_shares_as_the_value() {
 fn dra_shares_out_of_range_is_refused_by_the_schema_as_by_the_driver() {
     let test = "dra_shares_out_of_range_is_refused_by_the_schema_as_by_the_driver";
     let Some(helm) = helm(test) else { return };
-    let chart = chart();
     let file = invalid("dra-shares-over-1024.yaml");
     let dir = tempfile::tempdir().unwrap();
     let negative = dir.path().join("negative.yaml");
@@ -1270,11 +1234,7 @@ fn dra_shares_out_of_range_is_refused_by_the_schema_as_by_the_driver() {
         (negative.as_path(), "minimum: got -1, want 0", "-1"),
         (fraction.as_path(), "want integer", "1.5"),
     ] {
-        let out = run_helm(
-            &helm,
-            &["template", RELEASE, chart.to_str().unwrap(), "-n", NS],
-            &[path],
-        );
+        let out = template(&helm, &[], &[path]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{}: rendered", path.display());
         assert!(

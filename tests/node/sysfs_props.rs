@@ -108,6 +108,19 @@ fn build(root: &Path, links: &[Link]) {
     }
 }
 
+/// The tree of [`build`] one folder down in a temporary folder, so that a
+/// climb out of it lands somewhere real (a folder and a file outside);
+/// the folder (removed on drop) and the tree's canonical root.
+fn tree(links: &[Link]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root: PathBuf = fs::canonicalize(dir.path()).unwrap().join("sys");
+    fs::create_dir(&root).unwrap();
+    fs::create_dir_all(dir.path().join("a/b")).unwrap();
+    fs::write(dir.path().join("a/f"), "outside\n").unwrap();
+    build(&root, links);
+    (dir, root)
+}
+
 /// What the kernel says `rel` resolves to, in `SysRoot`'s terms.
 #[derive(Debug, PartialEq)]
 enum Answer {
@@ -150,13 +163,7 @@ proptest! {
         links in prop::collection::vec(link(), 4..32),
         queries in prop::collection::vec(query(), 1..32),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        // The tree one folder down, so a climb out of it lands somewhere real.
-        let root: PathBuf = fs::canonicalize(dir.path()).unwrap().join("sys");
-        fs::create_dir(&root).unwrap();
-        fs::create_dir_all(dir.path().join("a/b")).unwrap();
-        fs::write(dir.path().join("a/f"), "outside\n").unwrap();
-        build(&root, &links);
+        let (_dir, root) = tree(&links);
         let sys = SysRoot::new(&root).unwrap();
         // Twice over: the second round answers from what the first cached.
         for round in 0..2 {
@@ -186,12 +193,7 @@ proptest! {
         links in prop::collection::vec(link(), 4..32),
         queries in prop::collection::vec(query(), 1..32),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let root: PathBuf = fs::canonicalize(dir.path()).unwrap().join("sys");
-        fs::create_dir(&root).unwrap();
-        fs::create_dir_all(dir.path().join("a/b")).unwrap();
-        fs::write(dir.path().join("a/f"), "outside\n").unwrap();
-        build(&root, &links);
+        let (_dir, root) = tree(&links);
         let sys = SysRoot::new(&root).unwrap();
         sys.presume();
         let mut wrong = Vec::new();
