@@ -434,8 +434,11 @@ fn vf_links_counted(root: &SysRoot, pf_dev: &str, pf: &Interface) -> Option<Vec<
         .unreadable
         .iter()
         .all(|u| u.fact != Fact::VirtualFunctionsConfigured);
+    // SR-IOV's TotalVFs is a 16-bit field: a count past it is no PCI
+    // core's, and names are not made for it (a hostile `sriov_numvfs` of
+    // 4294967295 would have asked for as many).
     let n = pf.virtual_functions_configured;
-    if !counted || n == 0 {
+    if !counted || n == 0 || n > u32::from(u16::MAX) {
         return None;
     }
     match root.has_entry(&join(pf_dev, &format!("virtfn{n}"))) {

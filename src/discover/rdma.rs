@@ -175,6 +175,11 @@ fn read_port(root: &SysRoot, ibdir: &str, name: String) -> Port {
     }
 }
 
+/// The most ports [`numbered_ports`] takes from a link count: a port number
+/// is a byte on the wire (an InfiniBand switch numbers up to 254, and a
+/// switch is listed anyway, its first port being 0).
+const MAX_COUNTED_PORTS: u64 = 255;
+
 /// The ports of the RDMA device folder `ibdir` found without listing its
 /// `ports`: the kernel numbers a channel adapter's ports 1 to N with no
 /// gap (its port folders are made for each port from the first to the
@@ -192,8 +197,11 @@ fn numbered_ports(root: &SysRoot, ibdir: &str) -> Option<Vec<Port>> {
     if missing(&first) {
         return None;
     }
+    // A channel adapter has a few ports; a count past what any has (a
+    // crafted file system can claim any link count) is listed instead of
+    // trusted with room for every port it claims.
     let count = root.folders_in(&join(ibdir, "ports"))?;
-    if count == 0 {
+    if count == 0 || count > MAX_COUNTED_PORTS {
         return None;
     }
     let mut ports = Vec::with_capacity(count as usize);

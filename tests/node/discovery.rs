@@ -817,6 +817,10 @@ fn sriov_numvfs_disagreeing_with_the_virtfn_links_is_settled_by_listing() {
     // Fewer counted than linked: every link is still a VF.
     fs::write(pf.join("sriov_numvfs"), "2\n").unwrap();
     assert_eq!(vf_addresses(dir.path()), all);
+    // A count no PCI core writes (TotalVFs is 16 bits): listed, not a
+    // name made for each of four billion VFs.
+    fs::write(pf.join("sriov_numvfs"), "4294967295\n").unwrap();
+    assert_eq!(vf_addresses(dir.path()), all);
     // More counted than linked: the missing link is no VF, the rest are.
     fs::write(pf.join("sriov_numvfs"), "4\n").unwrap();
     fs::remove_file(pf.join("virtfn1")).unwrap();
